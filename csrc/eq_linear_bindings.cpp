@@ -1,0 +1,84 @@
+// Torch bindings: registers the fused kernels as real torch ops (flash_eqlinear::*), so that
+// torch.compile traces them and autograd/fake implementations can be attached from Python.
+#include <Python.h>
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "eq_linear_fwd.h"
+
+namespace flash_eqlinear {
+namespace {
+
+void check_device_supported(const at::Tensor& t) {
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(t.get_device());
+  TORCH_CHECK(prop->major >= 8,
+              "flash_eqlinear kernels need compute capability >= 8.0 (Ampere or newer); device ",
+              t.get_device(), " (", prop->name, ") is sm_", prop->major, prop->minor,
+              ". Set FLASH_EQLINEAR_BACKEND=reference to use the pure-PyTorch path.");
+}
+
+// x (M, 4c), planes (4, d, c), bias (d,) or None -> y (M, 4d); all one dtype, on one CUDA device.
+at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
+                         const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.is_cuda() && planes.is_cuda(), "eq_linear_fwd: x and planes must be CUDA tensors, got ",
+              x.device(), " and ", planes.device());
+  TORCH_CHECK(x.device() == planes.device(), "eq_linear_fwd: x is on ", x.device(), " but planes on ",
+              planes.device());
+  TORCH_CHECK(x.dim() == 2, "eq_linear_fwd: x must be 2-D (M, 4c), got ", x.sizes());
+  TORCH_CHECK(planes.dim() == 3 && planes.size(0) == 4,
+              "eq_linear_fwd: planes must have shape (4, d, c), got ", planes.sizes());
+  const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
+  TORCH_CHECK(c >= 1 && d >= 1, "eq_linear_fwd: c and d must be >= 1, got planes ", planes.sizes());
+  TORCH_CHECK(x.size(1) == 4 * c, "eq_linear_fwd: x has ", x.size(1), " features but planes ",
+              planes.sizes(), " expect 4*c = ", 4 * c);
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+              "eq_linear_fwd: dtype must be float32, float16 or bfloat16, got ", dtype);
+  TORCH_CHECK(planes.scalar_type() == dtype, "eq_linear_fwd: planes dtype ", planes.scalar_type(),
+              " does not match x dtype ", dtype);
+  at::Tensor b;
+  if (bias.has_value()) {
+    b = bias->contiguous();
+    TORCH_CHECK(b.device() == x.device(), "eq_linear_fwd: bias is on ", b.device(), " but x on ",
+                x.device());
+    TORCH_CHECK(b.dim() == 1 && b.size(0) == d, "eq_linear_fwd: bias must have shape (", d,
+                "), got ", b.sizes());
+    TORCH_CHECK(b.scalar_type() == dtype, "eq_linear_fwd: bias dtype ", b.scalar_type(),
+                " does not match x dtype ", dtype);
+  }
+  check_device_supported(x);
+  const at::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xc = x.contiguous(), pc = planes.contiguous();
+  at::Tensor y = at::empty({M, 4 * d}, x.options());
+  if (M == 0) return y;
+
+  FwdParams p{xc.data_ptr(), pc.data_ptr(), b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), M, c, d};
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  cudaError_t err;
+  switch (dtype) {
+    case at::kFloat: err = eq_linear_fwd_fp32(p, stream); break;
+    case at::kHalf: err = eq_linear_fwd_fp16(p, stream); break;
+    default: err = eq_linear_fwd_bf16(p, stream); break;
+  }
+  TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: kernel launch failed (M=", M, ", c=", c, ", d=", d,
+              ", ", dtype, "): ", cudaGetErrorString(err));
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(flash_eqlinear, m) {
+  m.def("eq_linear_fwd(Tensor x, Tensor planes, Tensor? bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) { m.impl("eq_linear_fwd", &eq_linear_fwd); }
+
+}  // namespace flash_eqlinear
+
+// Importing flash_eqlinear._C runs the static registrations above; the module itself is empty.
+extern "C" PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}

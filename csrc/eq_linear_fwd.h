@@ -1,0 +1,42 @@
+// Fused p4 (T = 4) EQ-Linear forward: y = IDFT(DFT(x) . planes) + bias.
+//
+// Torch-free on purpose: this header and the kernels compile with plain nvcc.
+//
+// Layouts (all tensors contiguous, row-major):
+//   x      (M, c, 4)  interleaved input, group index fastest (flat channel ci*4 + g).
+//   planes (4, d, c)  orthonormal frequency planes in the order P0, PR, PI, P2 with
+//                     P0 = (w0+w1+w2+w3)/2, PR = (w0-w2)/sqrt2, PI = (w1-w3)/sqrt2,
+//                     P2 = (w0-w1+w2-w3)/2 for the group-domain weight w (d, c, 4).
+//   bias   (d,)       shared by the 4 group copies, or nullptr.
+//   y      (M, d, 4)  interleaved output.
+// All four tensors share one element type (float, __half or __nv_bfloat16); accumulation is FP32.
+//
+// Math (per row n, input channel ci, output channel o; see DESIGN section 1):
+//   f0 = x0+x1+x2+x3   fR = x0-x2   fI = x3-x1   f2 = x0-x1+x2-x3
+//   a0 = f0 P0^T  a2 = f2 P2^T  aR = fR PR^T - fI PI^T  aI = fR PI^T + fI PR^T
+//   y0 = a0/2 + a2/2 + h aR   y1 = a0/2 - a2/2 - h aI
+//   y2 = a0/2 + a2/2 - h aR   y3 = a0/2 - a2/2 + h aI   (h = sqrt2/2), + bias[o].
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace flash_eqlinear {
+
+struct FwdParams {
+  const void* x;
+  const void* planes;
+  const void* bias;  // may be nullptr
+  void* y;
+  int64_t M;         // rows (any M >= 0)
+  int64_t c;         // input channels per group copy (>= 1)
+  int64_t d;         // output channels per group copy (>= 1)
+};
+
+// One launch; returns the launch error (cudaSuccess when nothing went wrong). M == 0 is a no-op.
+// Element type: float (exact FP32 SIMT), __half, __nv_bfloat16 (tensor cores, FP32 accumulation).
+cudaError_t eq_linear_fwd_fp32(const FwdParams& p, cudaStream_t stream);
+cudaError_t eq_linear_fwd_fp16(const FwdParams& p, cudaStream_t stream);
+cudaError_t eq_linear_fwd_bf16(const FwdParams& p, cudaStream_t stream);
+
+}  // namespace flash_eqlinear

@@ -1,0 +1,21 @@
+"""flash-eqlinear: fast rotation-equivariant (cyclic-group) linear layers for PyTorch."""
+
+from . import reference
+from .fourier import naive_to_planes, planes_to_naive
+from .modules import FlashEQLinear, NaiveEQLinear
+from .ops import flash_eq_linear, kernels_available
+from .swap import convert_state_dict, swap_eq_linear
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FlashEQLinear",
+    "NaiveEQLinear",
+    "flash_eq_linear",
+    "naive_to_planes",
+    "planes_to_naive",
+    "swap_eq_linear",
+    "convert_state_dict",
+    "kernels_available",
+    "reference",
+]

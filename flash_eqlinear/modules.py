@@ -1,0 +1,234 @@
+"""``FlashEQLinear`` (frequency-plane parameters, fused kernels) and ``NaiveEQLinear`` (baseline).
+
+Both map ``(..., C) -> (..., D)`` with ``C = c*T``, ``D = d*T``, group index fastest, and compute
+the same function for the same group-domain weight ``w (d, c, T)`` and shared bias ``(d,)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import reference
+from .fourier import check_group_size, naive_to_planes, planes_to_naive
+from .ops import flash_eq_linear
+
+__all__ = ["FlashEQLinear", "NaiveEQLinear", "LAYOUT_KEY"]
+
+# Recorded in each layer's state-dict metadata so that loading can tell the weight layouts apart
+# even where the shapes (T, d, c) and (d, c, T) coincide.
+LAYOUT_KEY = "eq_layout"
+
+
+def _split_features(in_features: int, out_features: int, group_size: int) -> tuple[int, int, int]:
+    T = check_group_size(group_size)
+    for name, n in (("in_features", in_features), ("out_features", out_features)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name} must be a positive int, got {n!r}")
+        if n % T:
+            raise ValueError(f"{name}={n} is not divisible by group_size={T}")
+    return T, in_features // T, out_features // T
+
+
+def _init_group_weight(d, c, T, device, dtype):
+    """Group-domain weight and bias distributed exactly like nn.Linear(c*T, d*T)'s entries."""
+    bound = 1.0 / math.sqrt(c * T)  # kaiming_uniform(a=sqrt(5)) on fan_in = C, as nn.Linear
+    w = torch.empty(d, c, T, device=device, dtype=torch.float32).uniform_(-bound, bound)
+    b = torch.empty(d, device=device, dtype=torch.float32).uniform_(-bound, bound)
+    return w.to(dtype or torch.get_default_dtype()), b.to(dtype or torch.get_default_dtype())
+
+
+class _EQLinearBase(nn.Module):
+    _layout = ""
+
+    def __init__(self, in_features, out_features, bias, group_size, device, dtype):
+        super().__init__()
+        T, c, d = _split_features(in_features, out_features, group_size)
+        self.group_size, self.c, self.d = T, c, d
+        self.in_features, self.out_features = in_features, out_features
+        shape = (T, d, c) if self._layout == "planes" else (d, c, T)
+        self.weight = nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(d, device=device, dtype=dtype)) if bias else None
+        self.reset_parameters()
+        self.register_state_dict_post_hook(_record_layout)
+
+    def _from_group(self, w: torch.Tensor) -> torch.Tensor:
+        """Group-domain weight (d, c, T) -> this layer's parameter layout."""
+        return _to_layout(w, naive_to_planes) if self._layout == "planes" else w
+
+    def reset_parameters(self) -> None:
+        w, b = _init_group_weight(self.d, self.c, self.group_size, self.weight.device, self.weight.dtype)
+        with torch.no_grad():
+            self.weight.copy_(self._from_group(w))
+            if self.bias is not None:
+                self.bias.copy_(b)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, group_size={self.group_size}"
+        )
+
+    def dense_weight(self) -> torch.Tensor:
+        """The (D, C) block-circulant matrix that F.linear would use."""
+        return reference.dense_weight(self.naive_weight())
+
+    def to_linear(self) -> nn.Linear:
+        """An equivalent dense nn.Linear (for export); same device and dtype, no shared storage."""
+        p = self.weight
+        lin = nn.Linear(self.in_features, self.out_features, self.bias is not None, p.device, p.dtype)
+        with torch.no_grad():
+            lin.weight.copy_(self.dense_weight())
+            if self.bias is not None:
+                lin.bias.copy_(self.bias.repeat_interleave(self.group_size))
+        return lin
+
+
+def _record_layout(module, state_dict, prefix, local_metadata):
+    local_metadata[LAYOUT_KEY] = module._layout
+
+
+def _to_layout(w: torch.Tensor, convert) -> torch.Tensor:
+    """Convert in float64 (orthogonal map: no precision lost beyond the final cast)."""
+    return convert(w.detach().to(torch.float64)).to(w.dtype)
+
+
+class NaiveEQLinear(_EQLinearBase):
+    """Baseline EQ-Linear: expands the block-circulant (D, C) weight and calls F.linear.
+
+    Parameters: ``weight`` (d, c, T) group-domain weight, ``bias`` (d,) shared by the T copies.
+    """
+
+    _layout = "group"
+
+    def __init__(self, in_features, out_features, bias=True, group_size=4, device=None, dtype=None):
+        super().__init__(in_features, out_features, bias, group_size, device, dtype)
+
+    def naive_weight(self) -> torch.Tensor:
+        return self.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = None if self.bias is None else self.bias.repeat_interleave(self.group_size)
+        reference.check_inputs(x, self.weight, self.bias, self.group_size, "group")
+        return F.linear(x, self.dense_weight(), b)
+
+
+class FlashEQLinear(_EQLinearBase):
+    """Drop-in EQ-Linear computed in the group-frequency domain (fused CUDA kernels for T = 4).
+
+    Parameters: ``weight`` (T, d, c), the orthonormal real-DFT planes of the group-domain weight
+    (order: k = 0; Re, Im of k = 1 .. ceil(T/2)-1; k = T/2 for even T); ``bias`` (d,).
+    Initialised so the group-domain weight has nn.Linear(C, D)'s distribution. ``load_state_dict``
+    also accepts naive checkpoints (reference-style ``weights (d,1,c,T)``/``c (d,1)`` and
+    ``NaiveEQLinear``'s own).
+    """
+
+    _layout = "planes"
+
+    def __init__(self, in_features, out_features, bias=True, group_size=4, device=None, dtype=None):
+        super().__init__(in_features, out_features, bias, group_size, device, dtype)
+
+    def naive_weight(self) -> torch.Tensor:
+        """Group-domain weight (d, c, T); differentiable function of the planes."""
+        return planes_to_naive(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return flash_eq_linear(x, self.weight, self.bias, self.group_size)
+
+    @classmethod
+    def from_naive(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> FlashEQLinear:
+        """Build from a group-domain weight (d, c, T) or (d, 1, c, T) and bias (d,) or (d, 1)."""
+        w = reference.as_group_weight(weight)
+        if not w.is_floating_point():
+            raise TypeError(f"weight must be floating point, got {w.dtype}")
+        d, c, T = w.shape
+        if bias is not None:
+            if bias.dim() == 2 and bias.shape[1] == 1:
+                bias = bias.reshape(-1)
+            if tuple(bias.shape) != (d,):
+                raise ValueError(f"bias must have shape ({d},) or ({d}, 1), got {tuple(bias.shape)}")
+        layer = cls(c * T, d * T, bias is not None, T, device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            layer.weight.copy_(layer._from_group(w))
+            if bias is not None:
+                layer.bias.copy_(bias)
+        return layer
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group_size: int = 4, atol: float | None = None):
+        """Build from a dense nn.Linear whose weight is block-circulant; ValueError otherwise.
+
+        ``atol`` bounds the allowed deviation from block-circulant structure (default: a few
+        units of rounding of the weight's dtype, relative to its largest entry).
+        """
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
+        T, c, d = _split_features(linear.in_features, linear.out_features, group_size)
+        W = linear.weight.detach()
+        w = W.reshape(d, T, c, T)[:, 0]  # row copy t = 0 holds w[o, ci, s] unrolled
+        scale = W.abs().max().item() if W.numel() else 0.0
+        tol = atol if atol is not None else 8 * torch.finfo(W.dtype).eps * max(scale, 1e-30)
+        dev = (reference.dense_weight(w) - W).abs().max().item()
+        if dev > tol:
+            raise ValueError(
+                f"nn.Linear weight is not block-circulant for group_size={T} "
+                f"(max deviation {dev:.3g} > tolerance {tol:.3g})"
+            )
+        b = None
+        if linear.bias is not None:
+            B = linear.bias.detach().reshape(d, T)
+            bdev = (B - B[:, :1]).abs().max().item()
+            btol = (
+                atol if atol is not None else 8 * torch.finfo(B.dtype).eps * max(B.abs().max().item(), 1e-30)
+            )
+            if bdev > btol:
+                raise ValueError(
+                    f"nn.Linear bias is not shared across the {T} group copies "
+                    f"(max deviation {bdev:.3g} > tolerance {btol:.3g})"
+                )
+            b = B[:, 0]
+        layer = cls.from_naive(w, b)
+        layer.weight.requires_grad_(linear.weight.requires_grad)
+        return layer
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
+        if not convert_layer_entries(state_dict, prefix, local_metadata):
+            # No layout metadata (e.g. a hand-built dict): convert a NaiveEQLinear weight only
+            # where its shape cannot be mistaken for the planes'.
+            w = state_dict.get(prefix + "weight")
+            group_shape = (self.d, self.c, self.group_size)
+            if (
+                LAYOUT_KEY not in (local_metadata or {})
+                and isinstance(w, torch.Tensor)
+                and tuple(w.shape) == group_shape
+                and group_shape != tuple(self.weight.shape)
+            ):
+                state_dict[prefix + "weight"] = _to_layout(w, naive_to_planes)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
+
+
+def convert_layer_entries(state_dict, prefix: str, local_metadata) -> bool:
+    """Rewrite one layer's naive entries under ``prefix`` into FlashEQLinear entries, in place.
+
+    Recognised: reference-style ``weights (d, 1, c, T)`` with optional ``c (d, 1)``; and
+    NaiveEQLinear's ``weight (d, c, T)`` when the metadata records its layout. Returns whether
+    anything was converted.
+    """
+    wkey, bkey = prefix + "weights", prefix + "c"
+    ref = state_dict.get(wkey)
+    if isinstance(ref, torch.Tensor) and ref.dim() == 4 and ref.shape[1] == 1:
+        state_dict[prefix + "weight"] = _to_layout(ref.squeeze(1), naive_to_planes)
+        del state_dict[wkey]
+        cb = state_dict.get(bkey)
+        if isinstance(cb, torch.Tensor) and cb.dim() == 2 and cb.shape[1] == 1:
+            state_dict[prefix + "bias"] = cb.reshape(-1)
+            del state_dict[bkey]
+        return True
+    if (local_metadata or {}).get(LAYOUT_KEY) == "group" and prefix + "weight" in state_dict:
+        state_dict[prefix + "weight"] = _to_layout(state_dict[prefix + "weight"], naive_to_planes)
+        local_metadata[LAYOUT_KEY] = "planes"
+        return True
+    return False

@@ -1,0 +1,110 @@
+"""Op wrappers: the registered CUDA ops, their fake (meta) and autograd registrations, dispatch.
+
+The fused kernels live in ``flash_eqlinear._C`` and register ``torch.ops.flash_eqlinear.*`` through
+``TORCH_LIBRARY``. When that extension is missing (CPU-only install) everything runs on the
+pure-PyTorch reference path. ``FLASH_EQLINEAR_BACKEND=reference`` forces the reference path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+from . import reference
+
+__all__ = ["flash_eq_linear", "kernels_available", "kernel_import_error", "backend_for"]
+
+_KERNEL_IMPORT_ERROR: str | None = None
+if importlib.util.find_spec(f"{__package__}._C") is None:
+    _KERNEL_IMPORT_ERROR = (
+        "flash_eqlinear._C was not built (installed without a CUDA build of torch or a CUDA toolkit)"
+    )
+else:
+    try:  # the compiled extension registers its ops on import
+        from . import _C  # noqa: F401
+    except ImportError as e:
+        _KERNEL_IMPORT_ERROR = f"flash_eqlinear._C failed to load: {e}"
+
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_BACKENDS = ("auto", "reference")
+BACKEND = os.environ.get("FLASH_EQLINEAR_BACKEND", "auto").strip().lower() or "auto"
+if BACKEND not in _BACKENDS:
+    raise ValueError(f"FLASH_EQLINEAR_BACKEND must be one of {_BACKENDS}, got {BACKEND!r}")
+
+
+def kernels_available() -> bool:
+    """Whether the fused CUDA kernels were built and import here."""
+    return _KERNEL_IMPORT_ERROR is None
+
+
+def kernel_import_error() -> str | None:
+    """Why the fused kernels are unavailable (None when they are available)."""
+    return _KERNEL_IMPORT_ERROR
+
+
+def backend_for(x: torch.Tensor, group_size: int) -> str:
+    """The backend a call with this input would use: ``"cuda"`` (fused kernels) or ``"reference"``."""
+    if (
+        BACKEND == "auto"
+        and kernels_available()
+        and group_size == 4
+        and x.is_cuda
+        and x.dtype in _KERNEL_DTYPES
+    ):
+        return "cuda"
+    return "reference"
+
+
+if kernels_available():
+
+    @torch.library.register_fake("flash_eqlinear::eq_linear_fwd")
+    def _eq_linear_fwd_fake(x, planes, bias):
+        torch._check(x.dim() == 2 and planes.dim() == 3 and planes.shape[0] == 4)
+        torch._check(x.shape[1] == 4 * planes.shape[2])
+        return x.new_empty((x.shape[0], 4 * planes.shape[1]))
+
+    def _setup_context(ctx, inputs, output):
+        x, planes, bias = inputs
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, planes)
+
+    def _backward(ctx, grad_y):
+        x, planes = ctx.saved_tensors
+        needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
+        gx, gp, gb = reference.fourier_eq_linear_backward(grad_y, x, planes, needs)
+        return gx, gp, gb
+
+    torch.library.register_autograd("flash_eqlinear::eq_linear_fwd", _backward, setup_context=_setup_context)
+
+
+def _autocast_dtype(x: torch.Tensor):
+    """The dtype nn.Linear would compute in under the active autocast, or None."""
+    dev = x.device.type
+    if dev in ("cuda", "cpu") and torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return None
+
+
+def flash_eq_linear(x, weight, bias=None, group_size: int = 4) -> torch.Tensor:
+    """Equivariant linear map with frequency-plane weights.
+
+    x (..., c*T); weight: planes (T, d, c); bias (d,) or None -> (..., d*T). Uses the fused CUDA
+    kernels for T = 4 on CUDA in fp32/fp16/bf16, the reference Fourier path otherwise. Under
+    ``torch.autocast`` it casts like ``nn.Linear`` (inputs, weight and bias to the autocast dtype).
+    """
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        cast = _autocast_dtype(x)
+        if cast is not None:
+            x, weight = x.to(cast), weight.to(cast)
+            bias = None if bias is None else bias.to(cast)
+    T, c, d = reference.check_inputs(x, weight, bias, group_size, "planes")
+    if backend_for(x, T) == "reference":
+        return reference.fourier_eq_linear(x, weight, bias, T)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, c * T)
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    y = torch.ops.flash_eqlinear.eq_linear_fwd(x2, weight.contiguous(), bias)
+    return y.reshape(*lead, d * T)

@@ -1,0 +1,198 @@
+"""Pure-PyTorch EQ-Linear for any cyclic group size T, dtype and device (the reference path).
+
+Layout (both paths): input ``(..., C)`` with ``C = c*T`` viewed as ``(..., c, T)``, group index
+fastest; output ``(..., D)`` with ``D = d*T``; bias ``(d,)`` shared by the T group copies.
+
+* :func:`naive_eq_linear` expands the group-domain weight ``w (d, c, T)`` into the dense
+  block-circulant ``(D, C)`` matrix ``W[(o,t),(ci,s)] = w[o, ci, (s-t) mod T]`` and calls F.linear.
+* :func:`fourier_eq_linear` takes the frequency planes ``(T, d, c)`` (see :mod:`.fourier`),
+  transforms ``x`` along the group axis, does one small real (k = 0, T/2) or complex product per
+  frequency, and transforms back: ``ceil`` of about ``T^2/4`` of the dense MACs.
+* :func:`fourier_eq_linear_backward` gives the three gradients of the Fourier path in closed form
+  (the same structure as the forward), used as the backward of the fused kernels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .fourier import check_group_size, dft_basis, plane_kinds
+
+__all__ = [
+    "naive_eq_linear",
+    "fourier_eq_linear",
+    "fourier_eq_linear_backward",
+    "dense_weight",
+    "as_group_weight",
+    "check_inputs",
+]
+
+
+def as_group_weight(w: torch.Tensor) -> torch.Tensor:
+    """Accept ``(d, c, T)`` or the reference-style ``(d, 1, c, T)`` and return ``(d, c, T)``."""
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"weight must be a torch.Tensor, got {type(w).__name__}")
+    if w.dim() == 4 and w.shape[1] == 1:
+        return w.squeeze(1)
+    if w.dim() != 3:
+        raise ValueError(
+            f"group-domain weight must have shape (d, c, T) or (d, 1, c, T), got {tuple(w.shape)}"
+        )
+    return w
+
+
+def check_inputs(x, weight, bias, group_size, layout: str) -> tuple[int, int, int]:
+    """Validate an EQ-Linear call and return ``(T, c, d)``.
+
+    ``layout`` is ``"planes"`` for weights ``(T, d, c)`` and ``"group"`` for ``(d, c, T)``.
+    Raises TypeError for non-tensors and non-float dtypes, ValueError for shapes and group size,
+    RuntimeError for dtype or device mismatches.
+    """
+    T = check_group_size(group_size)
+    for name, t in (("input", x), ("weight", weight)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if weight.dim() != 3:
+        want = "(T, d, c)" if layout == "planes" else "(d, c, T)"
+        raise ValueError(f"weight must have shape {want}, got {tuple(weight.shape)}")
+    if layout == "planes":
+        wT, d, c = weight.shape
+    else:
+        d, c, wT = weight.shape
+    if wT != T:
+        raise ValueError(f"weight {tuple(weight.shape)} holds group size {wT} but group_size={T}")
+    if x.dim() < 1 or x.shape[-1] != c * T:
+        raise ValueError(
+            f"input's last dimension must be in_features = c*T = {c}*{T} = {c * T}, "
+            f"got input of shape {tuple(x.shape)}"
+        )
+    if x.dtype != weight.dtype:
+        raise RuntimeError(f"input dtype {x.dtype} does not match weight dtype {weight.dtype}")
+    if x.device != weight.device:
+        raise RuntimeError(f"input is on {x.device} but weight is on {weight.device}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+        if tuple(bias.shape) != (d,):
+            raise ValueError(f"bias must have shape (d,) = ({d},), got {tuple(bias.shape)}")
+        if bias.dtype != weight.dtype:
+            raise RuntimeError(f"bias dtype {bias.dtype} does not match weight dtype {weight.dtype}")
+        if bias.device != weight.device:
+            raise RuntimeError(f"bias is on {bias.device} but weight is on {weight.device}")
+    return T, c, d
+
+
+def dense_weight(w: torch.Tensor) -> torch.Tensor:
+    """Block-circulant ``(D, C)`` matrix of a group-domain weight ``w (d, c, T)``."""
+    d, c, T = w.shape
+    t = torch.arange(T, device=w.device)
+    idx = (t[None, :] - t[:, None]) % T  # idx[t, s] = (s - t) mod T
+    return w[:, :, idx].permute(0, 2, 1, 3).reshape(d * T, c * T)
+
+
+def naive_eq_linear(x, w, bias=None, group_size: int = 4) -> torch.Tensor:
+    """EQ-Linear by dense expansion: ``F.linear(x, dense_weight(w), repeat(bias))``.
+
+    x (..., c*T); w (d, c, T) or (d, 1, c, T); bias (d,) or (d, 1) or None -> (..., d*T).
+    """
+    w = as_group_weight(w)
+    if isinstance(bias, torch.Tensor) and bias.dim() == 2 and bias.shape[1] == 1:
+        bias = bias.reshape(-1)
+    T, _, _ = check_inputs(x, w, bias, group_size, "group")
+    b = None if bias is None else bias.repeat_interleave(T)
+    return F.linear(x, dense_weight(w), b)
+
+
+def _analysis(v: torch.Tensor, T: int) -> torch.Tensor:
+    """(M, n, T) group values -> (T, M, n) orthonormal frequency coordinates, plane order."""
+    Q = dft_basis(T, dtype=v.dtype, device=v.device)
+    return torch.matmul(v, Q.t()).permute(2, 0, 1)
+
+
+def _synthesis(vf: torch.Tensor, T: int) -> torch.Tensor:
+    """(T, M, n) frequency coordinates -> (M, n, T) group values (inverse of _analysis)."""
+    Q = dft_basis(T, dtype=vf.dtype, device=vf.device)
+    return torch.matmul(vf.permute(1, 2, 0), Q)
+
+
+def _mix(xf: torch.Tensor, planes: torch.Tensor, T: int) -> list[torch.Tensor]:
+    """Per-frequency products in orthonormal coordinates.
+
+    Real frequencies: ``yf_j = sqrt(T) xf_j P_j^T``. Complex pair (r, i) with ``s = sqrt(T/2)``:
+    ``yf_r = s (xf_r P_r^T + xf_i P_i^T)``, ``yf_i = s (xf_i P_r^T - xf_r P_i^T)``.
+    """
+    kinds = plane_kinds(T)
+    out: list[torch.Tensor] = [None] * T  # type: ignore[list-item]
+    j = 0
+    while j < T:
+        if kinds[j][0] == "real":
+            out[j] = math.sqrt(T) * (xf[j] @ planes[j].t())
+            j += 1
+        else:
+            s = math.sqrt(T / 2)
+            pr, pi = planes[j], planes[j + 1]
+            # One (M, 2c) x (2c, 2d) product per pair: [yr | yi] = [xr | xi] [[Pr, -Pi], [Pi, Pr]]^T-ish.
+            w2 = torch.cat([torch.cat([pr, pi], 1), torch.cat([-pi, pr], 1)], 0) * s
+            y2 = torch.cat([xf[j], xf[j + 1]], -1) @ w2.t()
+            out[j], out[j + 1] = y2.split(pr.shape[0], dim=-1)
+            j += 2
+    return out
+
+
+def fourier_eq_linear(x, planes, bias=None, group_size: int = 4) -> torch.Tensor:
+    """EQ-Linear through the group DFT. x (..., c*T); planes (T, d, c); bias (d,) -> (..., d*T)."""
+    T, c, d = check_inputs(x, planes, bias, group_size, "planes")
+    lead = x.shape[:-1]
+    xf = _analysis(x.reshape(-1, c, T), T)
+    y = _synthesis(torch.stack(_mix(xf, planes, T)), T)
+    if bias is not None:
+        y = y + bias[:, None]
+    return y.reshape(*lead, d * T)
+
+
+def adjoint_planes(planes: torch.Tensor) -> torch.Tensor:
+    """Planes ``(T, c, d)`` of the adjoint map (used for grad_x): transposed, imaginary parts negated."""
+    T = planes.shape[0]
+    sign = torch.tensor(
+        [-1.0 if kind == "im" else 1.0 for kind, _ in plane_kinds(T)],
+        dtype=planes.dtype,
+        device=planes.device,
+    )
+    return planes.transpose(1, 2) * sign[:, None, None]
+
+
+def fourier_eq_linear_backward(grad_y, x, planes, needs=(True, True, True)):
+    """Closed-form gradients of :func:`fourier_eq_linear` (group size = ``planes.shape[0]``).
+
+    grad_y (..., d*T), x (..., c*T), planes (T, d, c); ``needs`` flags (x, planes, bias).
+    Returns (grad_x (..., c*T), grad_planes (T, d, c), grad_bias (d,)), None where not needed.
+    """
+    T, d, c = planes.shape
+    gx = gp = gb = None
+    if needs[0]:
+        gx = fourier_eq_linear(grad_y, adjoint_planes(planes), None, T).reshape(x.shape)
+    g = grad_y.reshape(-1, d, T)
+    if needs[1]:
+        gf = _analysis(g, T)
+        xf = _analysis(x.reshape(-1, c, T), T)
+        kinds = plane_kinds(T)
+        grads = [None] * T
+        j = 0
+        while j < T:
+            if kinds[j][0] == "real":
+                grads[j] = math.sqrt(T) * (gf[j].t() @ xf[j])
+                j += 1
+            else:
+                s = math.sqrt(T / 2)
+                grads[j] = s * (gf[j].t() @ xf[j] + gf[j + 1].t() @ xf[j + 1])
+                grads[j + 1] = s * (gf[j].t() @ xf[j + 1] - gf[j + 1].t() @ xf[j])
+                j += 2
+        gp = torch.stack(grads)
+    if needs[2]:
+        gb = g.sum(dim=(0, 2))
+    return gx, gp, gb

@@ -1,0 +1,101 @@
+"""Replace naive EQ-Linear layers of a model, or the entries of a checkpoint, by FlashEQLinear."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections import OrderedDict
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+
+from .modules import LAYOUT_KEY, FlashEQLinear, NaiveEQLinear, convert_layer_entries
+
+__all__ = ["swap_eq_linear", "convert_state_dict", "is_naive_eq_linear"]
+
+
+def is_naive_eq_linear(module: nn.Module) -> bool:
+    """NaiveEQLinear, or a reference-style layer: Parameter ``weights`` (d, 1, c, T), int
+    attribute ``tranNum`` equal to T, optional Parameter ``c`` (d, 1)."""
+    if isinstance(module, NaiveEQLinear):
+        return True
+    w = getattr(module, "weights", None)
+    T = getattr(module, "tranNum", None)
+    if not isinstance(w, torch.Tensor) or isinstance(T, bool) or not isinstance(T, int):
+        return False
+    if w.dim() != 4 or w.shape[1] != 1 or w.shape[-1] != T:
+        return False
+    b = getattr(module, "c", None)
+    return b is None or (isinstance(b, torch.Tensor) and tuple(b.shape) == (w.shape[0], 1))
+
+
+def _flash_from(module: nn.Module) -> FlashEQLinear:
+    if isinstance(module, NaiveEQLinear):
+        w, b = module.weight, module.bias
+    else:
+        w, b = module.weights, getattr(module, "c", None)
+    layer = FlashEQLinear.from_naive(w.detach(), None if b is None else b.detach())
+    layer.weight.requires_grad_(w.requires_grad)
+    if layer.bias is not None:
+        layer.bias.requires_grad_(b.requires_grad)
+    return layer.train(module.training)
+
+
+def _selector(include) -> Callable[[str, nn.Module], bool]:
+    if include is None:
+        return lambda name, module: True
+    if callable(include):
+        return include
+    if isinstance(include, str):
+        include = [include]
+    patterns = list(include)
+    return lambda name, module: any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def swap_eq_linear(model: nn.Module, include=None) -> list[str]:
+    """Replace, in place, every naive EQ-Linear in ``model`` by an equivalent FlashEQLinear.
+
+    ``include``: None (all), a predicate ``(qualified_name, module) -> bool``, or glob patterns
+    on qualified names (``"blocks.*.mlp.*"``). Keeps device, dtype, requires_grad and train/eval
+    mode. Returns the qualified names replaced. The model itself cannot be a layer to replace.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    keep = _selector(include)
+    targets = [
+        (name, m) for name, m in model.named_modules() if name and is_naive_eq_linear(m) and keep(name, m)
+    ]
+    for name, module in targets:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, _flash_from(module))
+    return [name for name, _ in targets]
+
+
+def convert_state_dict(state_dict) -> OrderedDict[str, torch.Tensor]:
+    """Return a copy of ``state_dict`` with naive EQ-Linear entries converted to FlashEQLinear's.
+
+    Converted: reference-style ``<prefix>weights (d, 1, c, T)`` (+ ``<prefix>c (d, 1)``) and
+    NaiveEQLinear ``<prefix>weight (d, c, T)`` whose state-dict metadata records its layout.
+    Everything else is copied unchanged. The result loads into a model whose naive layers were
+    replaced with :func:`swap_eq_linear`.
+    """
+    return convert_state_dict_with_names(state_dict)[0]
+
+
+def convert_state_dict_with_names(state_dict):
+    """:func:`convert_state_dict`, also returning the converted layers' prefixes."""
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
+    out = OrderedDict(state_dict)
+    meta = OrderedDict((k, dict(v)) for k, v in getattr(state_dict, "_metadata", {}).items())
+    prefixes = {k[: -len("weights")] for k in state_dict if k.endswith("weights")}
+    prefixes |= {k + "." if k else "" for k, v in meta.items() if v.get(LAYOUT_KEY) == "group"}
+    converted = []
+    for prefix in sorted(prefixes):
+        local = meta.setdefault(prefix[:-1], {})
+        if convert_layer_entries(out, prefix, local):
+            local[LAYOUT_KEY] = "planes"
+            converted.append(prefix[:-1])
+    out._metadata = meta
+    return out, converted
