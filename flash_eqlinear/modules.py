@@ -195,7 +195,9 @@ class FlashEQLinear(_EQLinearBase):
         return layer
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
-        if not convert_layer_entries(state_dict, prefix, local_metadata):
+        # A copy: convert_layer_entries updates the metadata it is given, and local_metadata is the
+        # caller's state_dict._metadata entry (loading the same checkpoint twice must work).
+        if not convert_layer_entries(state_dict, prefix, dict(local_metadata or {})):
             # No layout metadata (e.g. a hand-built dict): convert a NaiveEQLinear weight only
             # where its shape cannot be mistaken for the planes'.
             w = state_dict.get(prefix + "weight")

@@ -82,6 +82,8 @@ if kernels_available():
 def _autocast_dtype(x: torch.Tensor):
     """The dtype nn.Linear would compute in under the active autocast, or None."""
     dev = x.device.type
+    if x.dtype == torch.float64:  # autocast leaves float64 alone, as for nn.Linear
+        return None
     if dev in ("cuda", "cpu") and torch.is_autocast_enabled(dev):
         return torch.get_autocast_dtype(dev)
     return None

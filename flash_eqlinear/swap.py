@@ -62,13 +62,20 @@ def swap_eq_linear(model: nn.Module, include=None) -> list[str]:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     keep = _selector(include)
+    # remove_duplicate=False: a layer registered under several names is replaced under each of
+    # them, by one shared FlashEQLinear (the model keeps its weight tying).
     targets = [
-        (name, m) for name, m in model.named_modules() if name and is_naive_eq_linear(m) and keep(name, m)
+        (name, m)
+        for name, m in model.named_modules(remove_duplicate=False)
+        if name and is_naive_eq_linear(m) and keep(name, m)
     ]
+    new: dict[int, FlashEQLinear] = {}
     for name, module in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, _flash_from(module))
+        if id(module) not in new:
+            new[id(module)] = _flash_from(module)
+        setattr(parent, attr, new[id(module)])
     return [name for name, _ in targets]
 
 
@@ -89,7 +96,8 @@ def convert_state_dict_with_names(state_dict):
         raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
     out = OrderedDict(state_dict)
     meta = OrderedDict((k, dict(v)) for k, v in getattr(state_dict, "_metadata", {}).items())
-    prefixes = {k[: -len("weights")] for k in state_dict if k.endswith("weights")}
+    # Only a key named exactly ``weights`` (not e.g. ``class_weights``) is a reference-style weight.
+    prefixes = {k[: -len("weights")] for k in state_dict if k == "weights" or k.endswith(".weights")}
     prefixes |= {k + "." if k else "" for k, v in meta.items() if v.get(LAYOUT_KEY) == "group"}
     converted = []
     for prefix in sorted(prefixes):

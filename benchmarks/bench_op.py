@@ -1,0 +1,170 @@
+"""Operator benchmark of the p4 EQ-Linear forward (the paper's Tables 1 and 4, on this GPU).
+
+For M = B*N rows (default 32 x 1024), T = 4, C = D = 4c: forward latency of F.linear (cuBLAS, the
+dense block-circulant weight), NaiveEQLinear (expansion + F.linear), the reference Fourier path
+(stock torch ops) and the fused kernel; TFLOP/s, % of the measured peak, the floors, speedups
+over F.linear; and a precision table against float64. All timings in one run, CUDA graphs of
+rotated inputs (several times L2), medians of CUDA-event samples.
+
+Usage: python benchmarks/bench_op.py [--dtypes fp32,fp16,bf16] [--cs 16,32,...] [--out NAME.json]
+Then: python benchmarks/plot.py benchmarks/results/NAME.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import bench, environment, measure_ceilings, n_buffers, save_json  # noqa: E402
+
+import flash_eqlinear as fe  # noqa: E402
+from flash_eqlinear import reference  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+CS = [16, 32, 64, 128, 256, 512, 1024, 2048]
+
+
+def graphed(fn, args_list):
+    """A callable replaying one CUDA graph of fn over all args (launch overhead out of the timing)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for args in args_list:
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for args in args_list:
+            fn(*args)
+    return g.replay
+
+
+def precision(y, ref) -> dict:
+    err = (y.double() - ref).abs()
+    r = ref.abs()
+    mask = r > 1e-3 * ref.pow(2).mean().sqrt()
+    return {
+        "rel_l2": (err.norm() / ref.norm()).item(),
+        "max_abs": err.max().item(),
+        "mean_abs": err.mean().item(),
+        "p99_rel": torch.quantile((err[mask] / r[mask]).float()[: 2**24], 0.99).item(),
+    }
+
+
+def run_case(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int) -> dict:
+    dt = DTYPES[dtype_name]
+    C = D = 4 * c
+    g = torch.Generator(device="cuda").manual_seed(c)
+    planes = (torch.randn(4, c, c, device="cuda", generator=g) / C**0.5).to(dt)
+    bias = (torch.randn(c, device="cuda", generator=g) * 0.1).to(dt)
+    w = fe.planes_to_naive(planes.double())
+    W = reference.dense_weight(w).to(dt)
+    B = bias.repeat_interleave(4)
+    naive = fe.NaiveEQLinear(C, D, device="cuda", dtype=dt)
+    with torch.no_grad():
+        naive.weight.copy_(w.to(dt))
+        naive.bias.copy_(bias)
+    elt = torch.finfo(dt).bits // 8
+    nb = n_buffers((M * C + M * D) * elt)
+    xs = [(torch.randn(M, C, device="cuda", generator=g).to(dt),) for _ in range(nb)]
+
+    fns = {
+        "F.linear": lambda x: F.linear(x, W, B),
+        "naive": lambda x: naive(x),
+        "fourier_ref": lambda x: reference.fourier_eq_linear(x, planes, bias, 4),
+        "flash": lambda x: torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, bias),
+    }
+    row = {"dtype": dtype_name, "c": c, "C": C, "D": D, "M": M, "buffers": nb}
+    dense_flops = 2 * M * C * D
+    our_flops = dense_flops * 6 / 16
+    peak = ceilings[f"{dtype_name}_tflops"]
+    bytes_moved = (M * C + M * D + 4 * c * c + c) * elt
+    row["floor_compute_ms"] = our_flops / (peak * 1e9)
+    row["floor_memory_ms"] = bytes_moved / (ceilings["copy_tbps"] * 1e9)
+    row["floor_ms"] = max(row["floor_compute_ms"], row["floor_memory_ms"])
+    with torch.no_grad():
+        for name, fn in fns.items():
+            ms = bench(graphed(fn, xs), [()], min_time_s=0.3) / nb
+            flops = dense_flops if name in ("F.linear", "naive") else our_flops
+            row[name] = {"ms": ms, "tflops": flops / ms / 1e9, "pct_peak": 100 * flops / ms / 1e9 / peak}
+        for name in fns:
+            row[name]["speedup_vs_linear"] = row["F.linear"]["ms"] / row[name]["ms"]
+        row["flash"]["pct_of_floor"] = 100 * row["floor_ms"] / row["flash"]["ms"]
+
+        x = xs[0][0][:prec_rows]
+        ref = reference.naive_eq_linear(x.double(), w, bias.double(), 4)
+        row["precision"] = {
+            "flash": precision(fns["flash"](x), ref),
+            "F.linear": precision(fns["F.linear"](x), ref),
+        }
+    return row
+
+
+def markdown(rows, ceilings, env) -> str:
+    lines = [
+        f"GPU {env['gpu']}, torch {env['torch']}, commit {env['commit']}; ceilings: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in ceilings.items()),
+        "",
+        "| dtype | c | C=D | F.linear ms | naive ms | fourier-ref ms | flash ms | flash TFLOP/s (% peak)"
+        " | floor ms | flash x F.linear | ref x F.linear | rel L2 flash / F.linear |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        p = r["precision"]
+        lines.append(
+            f"| {r['dtype']} | {r['c']} | {r['C']} | {r['F.linear']['ms']:.4f} | {r['naive']['ms']:.4f} | "
+            f"{r['fourier_ref']['ms']:.4f} | {r['flash']['ms']:.4f} | {r['flash']['tflops']:.1f} "
+            f"({r['flash']['pct_peak']:.0f}%) | {r['floor_ms']:.4f} | "
+            f"**{r['flash']['speedup_vs_linear']:.2f}x** | {r['fourier_ref']['speedup_vs_linear']:.2f}x | "
+            f"{p['flash']['rel_l2']:.2e} / {p['F.linear']['rel_l2']:.2e} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dtypes", default="fp32,fp16,bf16")
+    ap.add_argument("--cs", default=",".join(map(str, CS)))
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--prec-rows", type=int, default=4096)
+    ap.add_argument("--out", default=None, help="JSON file name under benchmarks/results/")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available() or not fe.kernels_available():
+        print("bench_op needs a CUDA GPU and the built extension", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    env = environment()
+    ceilings = measure_ceilings()
+    M = args.batch * args.tokens
+    rows = []
+    for dn in args.dtypes.split(","):
+        for c in map(int, args.cs.split(",")):
+            r = run_case(dn, c, M, ceilings, args.prec_rows)
+            rows.append(r)
+            fl, ref = r["flash"], r["fourier_ref"]
+            print(
+                f"{dn} c={c:5d}: F.linear {r['F.linear']['ms']:.4f} ms, flash {fl['ms']:.4f} ms "
+                f"({fl['speedup_vs_linear']:.2f}x), ref {ref['speedup_vs_linear']:.2f}x, "
+                f"floor {r['floor_ms']:.4f} ms",
+                flush=True,
+            )
+            torch.cuda.empty_cache()
+    payload = {"benchmark": "op_forward", "env": env, "ceilings": ceilings, "M": M, "rows": rows}
+    name = args.out or f"op_fwd_{env['gpu'].replace(' ', '_')}_{env['commit']}.json"
+    path = save_json(name, payload)
+    table = markdown(rows, ceilings, env)
+    path.with_suffix(".md").write_text(table + "\n")
+    print(table)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""Shared benchmark utilities: timing with CUDA events over rotated inputs, ceilings, metadata."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
+        return out + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def environment() -> dict:
+    dev = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": dev.name,
+        "sm_count": dev.multi_processor_count,
+        "capability": f"{dev.major}.{dev.minor}",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "commit": git_commit(),
+    }
+
+
+def n_buffers(bytes_per_call: int) -> int:
+    """How many input sets to rotate through so that they do not all sit in L2."""
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
+    return max(1, min(16, -(-3 * l2 // max(bytes_per_call, 1))))
+
+
+def bench(fn, args_list, min_time_s: float = 0.25, max_samples: int = 200) -> float:
+    """Median ms per call. Each sample times one pass over ``args_list`` (rotated inputs) with
+    CUDA events; passes repeat until ``min_time_s`` of samples or ``max_samples``."""
+    for args in args_list:  # warm-up: module load, autotuning, workspace allocation
+        fn(*args)
+    torch.cuda.synchronize()
+    samples: list[float] = []
+    total = 0.0
+    while len(samples) < 5 or (total < min_time_s * 1e3 and len(samples) < max_samples):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for args in args_list:
+            fn(*args)
+        end.record()
+        end.synchronize()
+        ms = start.elapsed_time(end)
+        total += ms
+        samples.append(ms / len(args_list))
+    return statistics.median(samples)
+
+
+def measure_ceilings() -> dict:
+    """Measured ceilings on this GPU: cuBLAS matmul TFLOP/s per dtype and copy bandwidth."""
+    out = {}
+    n = 8192
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+    for name, dt, tf32 in (
+        ("fp32", torch.float32, False),
+        ("tf32", torch.float32, True),
+        ("fp16", torch.float16, False),
+        ("bf16", torch.bfloat16, False),
+    ):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        a = torch.randn(n, n, device="cuda", dtype=dt)
+        b = torch.randn(n, n, device="cuda", dtype=dt)
+        ms = bench(torch.mm, [(a, b)], min_time_s=0.3, max_samples=30)
+        out[f"{name}_tflops"] = 2 * n**3 / ms / 1e9
+    torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+    src = torch.empty(2**30 // 4, device="cuda", dtype=torch.float32).normal_()
+    dst = torch.empty_like(src)
+    ms = bench(lambda: dst.copy_(src), [()], min_time_s=0.3, max_samples=50)
+    out["copy_tbps"] = 2 * src.numel() * 4 / ms / 1e9
+    return out
+
+
+def save_json(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    path.write_text(json.dumps(payload, indent=1))
+    return path

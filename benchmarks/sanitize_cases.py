@@ -1,0 +1,23 @@
+"""Small, varied kernel launches for compute-sanitizer (memcheck, racecheck): ragged and aligned
+shapes in every dtype, with and without bias. Exits non-zero on a wrong result."""
+
+import torch
+
+import flash_eqlinear  # noqa: F401  (registers the ops)
+from flash_eqlinear import reference
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+SHAPES = [(1, 1, 1), (7, 3, 59), (129, 59, 200), (300, 64, 64), (257, 200, 48), (64, 1025, 16)]
+for dtype in (torch.float32, torch.float16, torch.bfloat16):
+    for M, c, d in SHAPES:
+        for bias in (True, False):
+            x = torch.randn(M, 4 * c, device="cuda", dtype=dtype)
+            planes = (torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5).to(dtype)
+            b = torch.randn(d, device="cuda", dtype=dtype) if bias else None
+            y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
+            b64 = None if b is None else b.double()
+            ref = reference.fourier_eq_linear(x.double(), planes.double(), b64, 4)
+            err = ((y.double() - ref).norm() / ref.norm()).item()
+            assert err < TOL[dtype], (dtype, M, c, d, err)
+torch.cuda.synchronize()
+print("sanitize cases OK")

@@ -1,0 +1,407 @@
+// Fused p4 EQ-Linear forward, exact FP32 (plain FFMA, no TF32): see eq_linear_fwd.h for the math.
+//
+// It is one GEMM-shaped loop over the input channels k (rows m x output channels o) that carries
+// four operand pairs and four accumulators: a0 += f0*P0, a2 += f2*P2, aR += fR*PR - fI*PI,
+// aI += fR*PI + fI*PR (6 FFMA per (m, o, k)). The DFT of x (f0, fR, fI, f2) is computed in
+// registers when a tile is staged, and the inverse DFT + bias in registers before the store,
+// so x and y cross global memory once each (per d tile) in their natural interleaved layout.
+//
+// Tiling (Cfg): a block computes BM rows x BN output channels with WM x WN warps. A warp is
+// 4 (rows) x 8 (channels) lanes; a lane owns TM rows x TN channels, taken as float4 groups
+// (rows r0 + 16q + 0..3, channels n0 + 32q + 0..3) so that in every shared-memory read the
+// lanes of a warp touch at most 8 distinct, consecutive float4s: one wavefront, broadcast.
+//   big:   4 x 2 warps, 8 x 4 per lane -> 128 x 64 tile, 256 threads, 128 accumulators/lane.
+//   small: 4 x 1 warps, 4 x 4 per lane ->  64 x 32 tile, 128 threads (small M or small d).
+//
+// Shared memory, per stage (two stages, double buffered), k-major so a k step reads rows and
+// channels as float4s:
+//   As[4][BK][BM + 4]  f0, fR, fI, f2 of the x tile   (As[g][k][m])
+//   Bs[4][BK][BN + 4]  P0, PR, PI, P2 of the plane tile (Bs[g][k][o])
+// The +4 padding makes the transposed scalar stores of the staging step conflict-free (the 8 k
+// of one row, or the two float4 halves of one plane row, land 4 resp. 16 banks apart) while
+// keeping every float4 read 16-byte aligned.
+//
+// Pipeline: the next k tile is loaded from global memory into registers at the top of an
+// iteration, the current tile is consumed from shared memory, then the staged tile is
+// transformed and stored into the other stage; one __syncthreads per k tile.
+//
+// Ragged edges: rows >= M and channels >= d are clamped to the last valid one when loading (their
+// accumulators are garbage but never stored); input channels >= c are zero-filled in both
+// operands, since they feed every output.
+
+#include <climits>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "eq_linear_fwd.h"
+
+namespace flash_eqlinear {
+namespace {
+
+template <int WM_, int WN_, int TM_, int TN_, int BK_, int kMinBlocks_>
+struct TileCfg {
+  static constexpr int WM = WM_, WN = WN_;  // warps along rows, along output channels
+  static constexpr int TM = TM_, TN = TN_;  // per-lane micro-tile
+  static constexpr int BK = BK_;            // input channels per k tile
+  static constexpr int kMinBlocks = kMinBlocks_;
+  static constexpr int kThreads = 32 * WM * WN;
+  static constexpr int BM = WM * 4 * TM;
+  static constexpr int BN = WN * 8 * TN;
+  static constexpr int SA = BM + 4;
+  static constexpr int SB = BN + 4;
+  static constexpr int kAStage = 4 * BK * SA;  // floats
+  static constexpr int kBStage = 4 * BK * SB;
+  // Staging maps, per k tile. KH = BK / 8 halves of 8 channels.
+  // x: thread t copies the float4 x[row][k0 + t % 8 + 8h] for rows t / 8 + i * XRS (i < XL):
+  //    8 lanes cover 128 contiguous bytes of a row.
+  // planes: thread t copies the float4 P[g][o][k0 + 4 * (t % 2 + 2h) .. +3] for o = (t / 2) % BN,
+  //    g = t / (2 * BN) + i * GSTEP (i < PL): 2 lanes cover 32 contiguous bytes of a plane row.
+  static constexpr int KH = BK / 8;
+  static constexpr int XRS = kThreads / 8;
+  static constexpr int XL = BM / XRS;
+  static constexpr int GSTEP = kThreads / (2 * BN);
+  static constexpr int PL = 4 / GSTEP;
+  // Two operand stages plus the raw cp.async landing slots ((XL + PL) * KH float4s per thread).
+  static constexpr int kRawSlots = (XL + PL) * KH;
+  static constexpr int kSmemBytes =
+      2 * (kAStage + kBStage) * int(sizeof(float)) + kRawSlots * kThreads * 16;
+
+  static_assert(TM % 4 == 0 && TN % 4 == 0, "micro-tile is read as float4 groups");
+  static_assert(BM % 32 == 0 && BN % 32 == 0, "bank analysis of the padded strides assumes this");
+  static_assert(BK % 8 == 0, "k tile is a whole number of 8-channel halves");
+  static_assert(BM % XRS == 0, "x staging map");
+  static_assert(kThreads % (2 * BN) == 0 && 4 % GSTEP == 0, "plane staging map");
+};
+
+#ifndef EQL_V
+#define EQL_BIG 4, 2, 8, 4, 8, 1
+#elif EQL_V == 1
+#define EQL_BIG 4, 2, 8, 4, 16, 1
+#elif EQL_V == 2
+#define EQL_BIG 4, 2, 4, 4, 8, 2
+#elif EQL_V == 3
+#define EQL_BIG 4, 2, 4, 4, 16, 2
+#elif EQL_V == 4
+#define EQL_BIG 8, 1, 4, 4, 16, 2
+#elif EQL_V == 5
+#define EQL_BIG 2, 4, 8, 4, 16, 1
+#endif
+#ifndef EQL_SMALL
+#define EQL_SMALL 4, 1, 4, 4, 8, 3
+#endif
+using BigCfg = TileCfg<EQL_BIG>;    // 128 x 64, ~250 registers: one block per SM
+using SmallCfg = TileCfg<EQL_SMALL>;  //  64 x 32
+
+// M tiles processed together (across all d tiles) so that x rows and plane slices of the blocks
+// resident at one time stay in L2 instead of x being re-read from DRAM once per d tile.
+constexpr int kGroupM = 8;
+
+// cp.async with zero fill: when !valid nothing is read (src-size 0) and the slot becomes 0.
+// The copies are asynchronous, so loads for the next k tile stay in flight during the FFMAs
+// without occupying registers (register staging got sunk below the math by the compiler).
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+constexpr float kHalfSqrt2 = 0.70710678118654752440f;
+
+// kVecX: x and y are 16-byte aligned (float4 per (row, channel)).
+// kVecP: planes 16-byte aligned and c % 4 == 0 (float4 along c).
+template <class Cfg, bool kVecX, bool kVecP>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+eq_linear_fwd_fp32_kernel(const float* __restrict__ x, const float* __restrict__ planes,
+                          const float* __restrict__ bias, float* __restrict__ y,
+                          int64_t M, int c, int d) {
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, SA = Cfg::SA, SB = Cfg::SB;
+  constexpr int TM = Cfg::TM, TN = Cfg::TN;
+  constexpr int XL = Cfg::XL, XRS = Cfg::XRS, KH = Cfg::KH, PL = Cfg::PL, GSTEP = Cfg::GSTEP;
+
+  extern __shared__ float4 smem4[];  // float4: 16-byte alignment for the vector reads
+  float* const As = reinterpret_cast<float*>(smem4);
+  float* const Bs = As + 2 * Cfg::kAStage;
+
+  // Grouped tile order: consecutive linear block ids walk kGroupM M tiles, then the next d tile.
+  const int64_t num_m = gridDim.x, num_n = gridDim.y;
+  const int64_t lin = int64_t(blockIdx.y) * num_m + blockIdx.x;
+  const int64_t group_size = int64_t(kGroupM) * num_n;
+  const int64_t first_m = lin / group_size * kGroupM;
+  const int64_t rows_in_group = min(num_m - first_m, int64_t(kGroupM));
+  const int64_t in_group = lin - first_m * num_n;  // lin % group_size
+  const int64_t m0 = (first_m + in_group % rows_in_group) * BM;
+  const int n0 = int(in_group / rows_in_group) * BN;
+
+  const int tid = threadIdx.x;
+
+  // ---- global -> shared staging maps (fixed for the whole k loop)
+  const int xk = tid % 8;
+  const float* xp[XL];
+  #pragma unroll
+  for (int i = 0; i < XL; ++i) {
+    const int64_t r = min(m0 + tid / 8 + i * XRS, M - 1);
+    xp[i] = x + (r * c + xk) * 4;
+  }
+  const int pkq = (tid % 2) * 4;
+  const int pol = (tid / 2) % BN;
+  const int pg0 = tid / (2 * BN);
+  const float* pp;
+  {
+    const int64_t o = min(n0 + pol, d - 1);
+    pp = planes + (int64_t(pg0) * d + o) * c + pkq;
+  }
+  const int64_t gstride = int64_t(GSTEP) * d * c;  // between the PL planes a thread loads
+
+  // Raw tile staging (cp.async): slot s of thread t is raw[s * kThreads + t]; x float4 (i, h)
+  // in slot i * KH + h, plane float4 (i, h) in slot (XL + i) * KH + h. Each thread reads back only
+  // what it copied itself, so its own cp.async.wait_group suffices: no extra barrier.
+  float4* const raw = reinterpret_cast<float4*>(Bs + 2 * Cfg::kBStage) + tid;
+
+  auto issue_tile = [&](int k0) {
+    #pragma unroll
+    for (int h = 0; h < KH; ++h) {
+      const int kx = k0 + xk + 8 * h;
+      const bool xok = kx < c;
+      #pragma unroll
+      for (int i = 0; i < XL; ++i) {
+        const float* src = xp[i] + int64_t(k0 + 8 * h) * 4;
+        float* const dst = reinterpret_cast<float*>(raw + (i * KH + h) * Cfg::kThreads);
+        if (kVecX) {
+          cp_async16(dst, xok ? src : x, xok);
+        } else {
+          #pragma unroll
+          for (int e = 0; e < 4; ++e) cp_async4(dst + e, xok ? src + e : x, xok);
+        }
+      }
+      const int kp = k0 + pkq + 8 * h;
+      #pragma unroll
+      for (int i = 0; i < PL; ++i) {
+        const float* src = pp + i * gstride + k0 + 8 * h;
+        float* const dst = reinterpret_cast<float*>(raw + ((XL + i) * KH + h) * Cfg::kThreads);
+        if (kVecP) {
+          cp_async16(dst, kp < c ? src : planes, kp < c);
+        } else {
+          #pragma unroll
+          for (int e = 0; e < 4; ++e) cp_async4(dst + e, kp + e < c ? src + e : planes, kp + e < c);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+
+  // Waits for this thread's copies, applies the forward DFT to x (the prologue) and stores both
+  // operands transposed into stage `buf`.
+  auto stage_tile = [&](int buf) {
+    cp_async_wait_all();
+    float* const A = As + buf * Cfg::kAStage + xk * SA + tid / 8;
+    float* const B = Bs + buf * Cfg::kBStage + pg0 * BK * SB + pkq * SB + pol;
+    #pragma unroll
+    for (int h = 0; h < KH; ++h) {
+      #pragma unroll
+      for (int i = 0; i < XL; ++i) {
+        const float4 v = raw[(i * KH + h) * Cfg::kThreads];
+        const float s02 = v.x + v.z, s13 = v.y + v.w;
+        float* const a = A + 8 * h * SA + i * XRS;
+        a[0 * BK * SA] = s02 + s13;  // f0
+        a[1 * BK * SA] = v.x - v.z;  // fR
+        a[2 * BK * SA] = v.w - v.y;  // fI
+        a[3 * BK * SA] = s02 - s13;  // f2
+      }
+      #pragma unroll
+      for (int i = 0; i < PL; ++i) {
+        const float4 v = raw[((XL + i) * KH + h) * Cfg::kThreads];
+        float* const b = B + i * GSTEP * BK * SB + 8 * h * SB;
+        b[0 * SB] = v.x;
+        b[1 * SB] = v.y;
+        b[2 * SB] = v.z;
+        b[3 * SB] = v.w;
+      }
+    }
+  };
+
+  // ---- compute-side map
+  const int warp = tid / 32, lane = tid % 32;
+  const int a_off = (warp % Cfg::WM) * (4 * TM) + (lane / 8) * 4;  // first row of the lane
+  const int b_off = (warp / Cfg::WM) * (8 * TN) + (lane % 8) * 4;  // first channel of the lane
+
+  float acc0[TM][TN], acc2[TM][TN], accR[TM][TN], accI[TM][TN];
+  #pragma unroll
+  for (int i = 0; i < TM; ++i) {
+    #pragma unroll
+    for (int j = 0; j < TN; ++j) acc0[i][j] = acc2[i][j] = accR[i][j] = accI[i][j] = 0.f;
+  }
+
+  const int KT = (c + BK - 1) / BK;
+  issue_tile(0);
+  stage_tile(0);
+  __syncthreads();
+
+  for (int kt = 0; kt < KT; ++kt) {
+    const bool more = kt + 1 < KT;
+    if (more) issue_tile((kt + 1) * BK);  // in flight during the FFMAs below
+
+    const float* const A = As + (kt & 1) * Cfg::kAStage + a_off;
+    const float* const B = Bs + (kt & 1) * Cfg::kBStage + b_off;
+    #pragma unroll
+    for (int k = 0; k < BK; ++k) {
+      float a[4][TM], b[4][TN];  // [g]: f0/P0, fR/PR, fI/PI, f2/P2
+      #pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        #pragma unroll
+        for (int q = 0; q < TM / 4; ++q) {
+          const float4 v = *reinterpret_cast<const float4*>(A + (g * BK + k) * SA + q * 16);
+          a[g][4 * q + 0] = v.x; a[g][4 * q + 1] = v.y; a[g][4 * q + 2] = v.z; a[g][4 * q + 3] = v.w;
+        }
+        #pragma unroll
+        for (int q = 0; q < TN / 4; ++q) {
+          const float4 v = *reinterpret_cast<const float4*>(B + (g * BK + k) * SB + q * 32);
+          b[g][4 * q + 0] = v.x; b[g][4 * q + 1] = v.y; b[g][4 * q + 2] = v.z; b[g][4 * q + 3] = v.w;
+        }
+      }
+      #pragma unroll
+      for (int i = 0; i < TM; ++i) {
+        #pragma unroll
+        for (int j = 0; j < TN; ++j) {
+          acc0[i][j] = fmaf(a[0][i], b[0][j], acc0[i][j]);
+          acc2[i][j] = fmaf(a[3][i], b[3][j], acc2[i][j]);
+          accR[i][j] = fmaf(a[1][i], b[1][j], accR[i][j]);
+          accR[i][j] = fmaf(-a[2][i], b[2][j], accR[i][j]);
+          accI[i][j] = fmaf(a[1][i], b[2][j], accI[i][j]);
+          accI[i][j] = fmaf(a[2][i], b[1][j], accI[i][j]);
+        }
+      }
+    }
+
+    if (more) {
+      // The other stage was last read in iteration kt - 1, before the barrier that ended it; the
+      // raw slots were last read back before that barrier too.
+      stage_tile((kt + 1) & 1);
+      __syncthreads();
+    }
+  }
+
+  // ---- epilogue: inverse DFT + bias, one float4 (the 4 group copies) per (row, channel)
+  float bv[TN];
+  #pragma unroll
+  for (int j = 0; j < TN; ++j) {
+    const int o = n0 + b_off + (j / 4) * 32 + j % 4;
+    bv[j] = (bias != nullptr && o < d) ? __ldg(bias + o) : 0.f;
+  }
+  #pragma unroll
+  for (int i = 0; i < TM; ++i) {
+    const int64_t m = m0 + a_off + (i / 4) * 16 + i % 4;
+    if (m >= M) continue;
+    float* const yrow = y + m * d * 4;
+    #pragma unroll
+    for (int j = 0; j < TN; ++j) {
+      const int o = n0 + b_off + (j / 4) * 32 + j % 4;
+      if (o >= d) continue;
+      const float e = 0.5f * (acc0[i][j] + acc2[i][j]);
+      const float f = 0.5f * (acc0[i][j] - acc2[i][j]);
+      const float r = kHalfSqrt2 * accR[i][j], s = kHalfSqrt2 * accI[i][j];
+      const float4 out = make_float4(e + r + bv[j], f - s + bv[j], e - r + bv[j], f + s + bv[j]);
+      float* const dst = yrow + int64_t(o) * 4;
+      if (kVecX) {
+        *reinterpret_cast<float4*>(dst) = out;
+      } else {
+        dst[0] = out.x; dst[1] = out.y; dst[2] = out.z; dst[3] = out.w;
+      }
+    }
+  }
+}
+
+template <class Cfg, bool kVecX, bool kVecP>
+cudaError_t launch(const FwdParams& p, cudaStream_t stream) {
+  auto* kernel = eq_linear_fwd_fp32_kernel<Cfg, kVecX, kVecP>;
+  if (Cfg::kSmemBytes > 48 * 1024) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    if (err != cudaSuccess) return err;
+  }
+  const int64_t grid_m = (p.M + Cfg::BM - 1) / Cfg::BM;
+  const int64_t grid_n = (p.d + Cfg::BN - 1) / Cfg::BN;
+  if (grid_m > INT_MAX || grid_n > 65535) return cudaErrorInvalidConfiguration;
+  const dim3 grid{unsigned(grid_m), unsigned(grid_n)};
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
+      static_cast<const float*>(p.x), static_cast<const float*>(p.planes),
+      static_cast<const float*>(p.bias), static_cast<float*>(p.y), p.M, int(p.c), int(p.d));
+  return cudaGetLastError();
+}
+
+template <class Cfg>
+cudaError_t dispatch_vec(const FwdParams& p, bool vec_x, bool vec_p, cudaStream_t stream) {
+  if (!vec_x) return launch<Cfg, false, false>(p, stream);  // rare (offset views): all scalar
+  return vec_p ? launch<Cfg, true, true>(p, stream) : launch<Cfg, true, false>(p, stream);
+}
+
+// Resident blocks per SM of a configuration on the current device (cached per device).
+template <class Cfg>
+int blocks_per_sm(int dev) {
+  constexpr int kMaxDev = 64;
+  static int cache[kMaxDev] = {};  // 0: unknown; racing writers store the same value
+  if (dev >= 0 && dev < kMaxDev && cache[dev] > 0) return cache[dev];
+  auto* kernel = eq_linear_fwd_fp32_kernel<Cfg, true, true>;
+  int n = 0;
+  if (Cfg::kSmemBytes > 48 * 1024)
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads, Cfg::kSmemBytes) !=
+          cudaSuccess || n < 1) {
+    cudaGetLastError();  // do not leave a query failure for the launch check to report
+    n = 1;
+  }
+  if (dev >= 0 && dev < kMaxDev) cache[dev] = n;
+  return n;
+}
+
+constexpr int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// Rough time of a configuration in units of (tile outputs / relative throughput): waves of
+// resident blocks times the work an SM does per wave. Captures wave quantization and tile
+// padding waste, which are what decide between the two tiles.
+template <class Cfg>
+double cost(int64_t M, int64_t d, int sms, int occ, double rel_speed) {
+  const int64_t blocks = ((M + Cfg::BM - 1) / Cfg::BM) * ((d + Cfg::BN - 1) / Cfg::BN);
+  const int64_t slots = int64_t(sms) * occ;
+  const int64_t waves = (blocks + slots - 1) / slots;
+  const int64_t per_sm = imin(occ, (blocks + sms - 1) / sms);  // blocks per SM per wave
+  return double(waves) * double(per_sm) * Cfg::BM * Cfg::BN / rel_speed;
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
+}  // namespace
+
+cudaError_t eq_linear_fwd_fp32(const FwdParams& p, cudaStream_t stream) {
+  if (p.M < 0 || p.c < 1 || p.d < 1) return cudaErrorInvalidValue;
+  if (p.M == 0) return cudaSuccess;
+  // Channel indices are int inside the kernel (k0 + BK and n0 + BN must not overflow).
+  if (p.c > INT_MAX - 1024 || p.d > INT_MAX - 1024) return cudaErrorInvalidValue;
+  if (p.x == nullptr || p.planes == nullptr || p.y == nullptr) return cudaErrorInvalidValue;
+
+  const bool vec_x = aligned16(p.x) && aligned16(p.y);
+  const bool vec_p = aligned16(p.planes) && p.c % 4 == 0;
+
+  int dev = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err != cudaSuccess) return err;
+
+  // The big tile does ~1.25x the work per SM-cycle of the small one (more FFMA per shared load,
+  // more ILP); the small tile wins when the big grid fills the GPU poorly or d is small.
+  const double big = cost<BigCfg>(p.M, p.d, sms, blocks_per_sm<BigCfg>(dev), 1.0);
+  const double small = cost<SmallCfg>(p.M, p.d, sms, blocks_per_sm<SmallCfg>(dev), 0.8);
+  if (big < small) return dispatch_vec<BigCfg>(p, vec_x, vec_p, stream);
+  return dispatch_vec<SmallCfg>(p, vec_x, vec_p, stream);
+}
+
+}  // namespace flash_eqlinear

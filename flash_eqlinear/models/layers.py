@@ -1,0 +1,253 @@
+"""Building blocks shared by EQ-ViT and EQ-Swin, for p4 (T = 4) and the plain baseline (T = 1).
+
+Every block is written once for a *group size* ``G``: ``G = 4`` for the equivariant variants
+(``naive``: :class:`~flash_eqlinear.NaiveEQLinear`, ``flash``: :class:`~flash_eqlinear.FlashEQLinear`)
+and ``G = 1`` for ``plain`` (``nn.Linear``, ``nn.LayerNorm``), where every group construction below
+collapses to the ordinary one (one filter orientation, no symmetrisation, a trivial group pool).
+
+Conventions (DESIGN.md): a feature of ``C = c*G`` channels is ``x.view(..., c, G)``, group index
+fastest. A spatial feature map ``F`` of shape ``(B, H, W, C)`` transforms under the rotation of the
+input image by ``torch.rot90(img, 1, (-2, -1))`` as
+
+    F  ->  roll_group(rot90(F, 1, (1, 2)))          (tokens move, then the group axis rolls by one)
+
+which is the action that every block below commutes with (``rot90`` of an ``(n, n)`` grid sends
+the position ``(a, b)`` to ``(n - 1 - b, a)``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..modules import FlashEQLinear, NaiveEQLinear
+
+__all__ = [
+    "GROUP_SIZE",
+    "VARIANTS",
+    "Variant",
+    "GroupLayerNorm",
+    "LiftingPatchEmbed",
+    "GroupPosEmbed",
+    "Attention",
+    "Mlp",
+    "group_pool",
+    "roll_group",
+    "rotate_feature_map",
+    "is_linear_layer",
+]
+
+GROUP_SIZE = 4  # p4: rotations by multiples of 90 degrees
+VARIANTS = ("plain", "naive", "flash")
+
+_LINEARS: dict[str, Callable[..., nn.Module]] = {
+    "plain": nn.Linear,
+    "naive": NaiveEQLinear,
+    "flash": FlashEQLinear,
+}
+
+
+class Variant:
+    """Which layers a model is built from.
+
+    ``plain``: ``nn.Linear`` / ``nn.LayerNorm``, group size 1 (the non-equivariant baseline of the
+    same total width). ``naive`` / ``flash``: EQ-Linear layers with group size 4 and the p4 versions
+    of every other block. ``linear_layer`` overrides the linear class (any callable
+    ``(in_features, out_features, bias) -> module`` computing an EQ-Linear in the layout above),
+    e.g. reference-style modules of an existing code base; the rest follows ``name``.
+    """
+
+    def __init__(self, name: str, linear_layer: Callable[..., nn.Module] | None = None):
+        if name not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {name!r}")
+        self.name = name
+        self.equivariant = name != "plain"
+        self.group_size = GROUP_SIZE if self.equivariant else 1
+        self._linear = linear_layer if linear_layer is not None else _LINEARS[name]
+
+    def linear(self, in_features: int, out_features: int, bias: bool = True) -> nn.Module:
+        return self._linear(in_features, out_features, bias)
+
+    def norm(self, dim: int, eps: float) -> nn.Module:
+        if not self.equivariant:
+            return nn.LayerNorm(dim, eps=eps)
+        return GroupLayerNorm(dim, self.group_size, eps=eps)
+
+    def __repr__(self) -> str:
+        return f"Variant({self.name!r}, group_size={self.group_size})"
+
+
+def is_linear_layer(module: nn.Module) -> bool:
+    """nn.Linear, NaiveEQLinear/FlashEQLinear, or a reference-style EQ-Linear (``weights``, ``tranNum``)."""
+    from ..swap import is_naive_eq_linear
+
+    return isinstance(module, (nn.Linear, NaiveEQLinear, FlashEQLinear)) or is_naive_eq_linear(module)
+
+
+def _check_fields(name: str, n: int, G: int) -> int:
+    if n % G:
+        raise ValueError(f"{name}={n} must be a multiple of the group size {G} (whole fields)")
+    return n // G
+
+
+def roll_group(x: torch.Tensor, group_size: int = GROUP_SIZE, shifts: int = 1) -> torch.Tensor:
+    """The group generator on a ``(..., c*G)`` feature: cyclic shift of the group axis."""
+    shape = x.shape
+    return torch.roll(x.reshape(*shape[:-1], shape[-1] // group_size, group_size), shifts, -1).reshape(shape)
+
+
+def rotate_feature_map(x: torch.Tensor, k: int = 1, group_size: int = GROUP_SIZE) -> torch.Tensor:
+    """How a ``(B, H, W, C)`` feature map transforms when the image is ``rot90``-ed ``k`` times."""
+    return roll_group(torch.rot90(x, k, (1, 2)), group_size, k)
+
+
+def group_pool(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``(..., c*G) -> (..., c)``: mean over the group copies of each field (invariant)."""
+    return x.unflatten(-1, (x.shape[-1] // group_size, group_size)).mean(-1)
+
+
+class GroupLayerNorm(nn.Module):
+    """LayerNorm over all ``C = c*G`` channels with affine parameters shared by the G copies.
+
+    Mean and variance over all channels are invariant under any permutation of the group axis;
+    ``weight`` and ``bias`` have shape ``(c,)`` and are expanded over the group axis. With G = 1
+    this is ``nn.LayerNorm``.
+    """
+
+    def __init__(self, num_features: int, group_size: int = GROUP_SIZE, eps: float = 1e-5):
+        super().__init__()
+        self.num_features, self.group_size, self.eps = num_features, group_size, eps
+        c = _check_fields("num_features", num_features, group_size)
+        self.weight = nn.Parameter(torch.ones(c))
+        self.bias = nn.Parameter(torch.zeros(c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        G = self.group_size
+        return F.layer_norm(
+            x, (self.num_features,), self.weight.repeat_interleave(G), self.bias.repeat_interleave(G), self.eps
+        )
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features}, group_size={self.group_size}, eps={self.eps}"
+
+
+class LiftingPatchEmbed(nn.Module):
+    """Rotation-lifting patch embedding: ``(B, in_chans, H, W) -> (B, H/p, W/p, C)``.
+
+    One filter bank ``weight (c, in_chans, p, p)`` with bias ``(c,)``; group copy ``g`` of output
+    field ``o`` is the convolution (kernel = stride = p) with ``rot90(weight[o], g)``. Because
+    ``conv(rot90(img), rot90(K)) = rot90(conv(img, K))`` for non-overlapping patches tiling a
+    square image, rotating the image rotates the token grid and rolls the group axis by one
+    (exact). With G = 1 this is the usual ``Conv2d`` patch embedding.
+    """
+
+    def __init__(self, in_chans: int, embed_dim: int, patch_size: int, group_size: int = GROUP_SIZE):
+        super().__init__()
+        self.in_chans, self.embed_dim, self.patch_size, self.group_size = in_chans, embed_dim, patch_size, group_size
+        c = _check_fields("embed_dim", embed_dim, group_size)
+        self.weight = nn.Parameter(torch.empty(c, in_chans, patch_size, patch_size))
+        self.bias = nn.Parameter(torch.empty(c))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # As nn.Conv2d: kaiming_uniform(a=sqrt(5)) and bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        bound = 1.0 / math.sqrt(self.in_chans * self.patch_size**2)
+        nn.init.uniform_(self.bias, -bound, bound)
+
+    def filters(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The expanded ``(C, in_chans, p, p)`` filter bank and ``(C,)`` bias, index ``o*G + g``."""
+        G = self.group_size
+        w = torch.stack([torch.rot90(self.weight, g, (-2, -1)) for g in range(G)], dim=1)
+        return w.flatten(0, 1), self.bias.repeat_interleave(G)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.patch_size
+        if x.shape[-2] % p or x.shape[-1] % p:
+            raise ValueError(f"image size {tuple(x.shape[-2:])} is not divisible by the patch size {p}")
+        w, b = self.filters()
+        return F.conv2d(x, w.to(x.dtype), b.to(x.dtype), stride=p).permute(0, 2, 3, 1)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_chans}, {self.embed_dim}, patch_size={self.patch_size}, group_size={self.group_size}"
+        )
+
+
+class GroupPosEmbed(nn.Module):
+    """C4-symmetric absolute position embedding of an ``(n, n)`` token grid, shape ``(n, n, C)``.
+
+    Free parameter ``q (n, n, c)``; copy ``g`` of field ``o`` is ``rot90(q[..., o], g)``. Hence
+    ``pos[..., g] = rot90(pos[..., g - 1])``: the embedding is invariant under the action
+    ``roll_group o rot90`` of the feature map, i.e. ``pos[R p] = roll_group(pos[p])``. It has
+    ``n*n*c`` free entries (the action is free on (position, group copy) pairs, so this is every
+    symmetric embedding). With G = 1 it is a free ``(n, n, C)`` parameter.
+    """
+
+    def __init__(self, grid_size: int, embed_dim: int, group_size: int = GROUP_SIZE, std: float = 0.02):
+        super().__init__()
+        self.grid_size, self.embed_dim, self.group_size = grid_size, embed_dim, group_size
+        c = _check_fields("embed_dim", embed_dim, group_size)
+        self.weight = nn.Parameter(torch.empty(grid_size, grid_size, c))
+        nn.init.trunc_normal_(self.weight, std=std)
+
+    def forward(self) -> torch.Tensor:
+        G = self.group_size
+        return torch.stack([torch.rot90(self.weight, g, (0, 1)) for g in range(G)], dim=-1).flatten(-2)
+
+    def extra_repr(self) -> str:
+        return f"grid_size={self.grid_size}, embed_dim={self.embed_dim}, group_size={self.group_size}"
+
+
+class Mlp(nn.Module):
+    """Linear -> GELU -> Linear (GELU is pointwise, so it commutes with the group action)."""
+
+    def __init__(self, variant: Variant, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = variant.linear(dim, hidden)
+        self.act = nn.GELU()
+        self.fc2 = variant.linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with heads made of whole fields.
+
+    ``qkv`` maps ``C -> 3C``; output field ``o`` of the first ``c`` fields is a query field, etc.
+    Head ``h`` holds channels ``[h*hd, (h+1)*hd)`` with ``hd`` a multiple of G, i.e. whole fields,
+    so the group action permutes the channels inside each head identically for q and k: the
+    scores ``q.k`` are invariant, the values (hence the outputs) roll. Computed by
+    ``F.scaled_dot_product_attention``.
+
+    ``forward(x, attn_mask)`` takes ``x (B, N, C)``, or ``x (B, W, N, C)`` for ``W`` windows of ``N``
+    tokens each (Swin), in which case ``attn_mask`` is an additive ``(W * heads, N, N)`` tensor
+    broadcast over the batch (window and head are merged into one SDPA "head" dimension).
+    """
+
+    def __init__(self, variant: Variant, dim: int, num_heads: int):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}")
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        _check_fields("head_dim", self.head_dim, variant.group_size)
+        self.qkv = variant.linear(dim, 3 * dim)
+        self.proj = variant.linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        H, hd = self.num_heads, self.head_dim
+        if x.dim() == 3:
+            B, N, C = x.shape
+            q, k, v = self.qkv(x).view(B, N, 3, H, hd).permute(2, 0, 3, 1, 4).unbind(0)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+            return self.proj(o.transpose(1, 2).reshape(B, N, C))
+        B, W, N, C = x.shape
+        qkv = self.qkv(x).view(B, W, N, 3, H, hd).permute(3, 0, 1, 4, 2, 5).reshape(3, B, W * H, N, hd)
+        q, k, v = qkv.unbind(0)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        return self.proj(o.view(B, W, H, N, hd).transpose(2, 3).reshape(B, W, N, C))

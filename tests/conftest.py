@@ -1,0 +1,91 @@
+"""Shared helpers for the CPU test suite.
+
+``RefEQLinear`` is written the way the authors' EQ-Linear layers are (``EQ_linear_inter``): a
+Parameter ``weights`` (d, 1, c, T), a bias Parameter ``c`` (d, 1) and an attribute ``tranNum``;
+the dense matrix is built by rolling ``weights`` by t along the last axis for output copy t.
+It is deliberately independent of ``flash_eqlinear.reference.dense_weight`` (torch.roll + cat
+instead of index arithmetic) so that comparing against it really checks the convention.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+GROUP_SIZES = [1, 2, 3, 4, 5, 6, 8]
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative L2 error ||a - b|| / ||b||, computed in float64 (0 when both are empty/zero)."""
+    a, b = a.detach().to(torch.float64), b.detach().to(torch.float64)
+    assert a.shape == b.shape, f"shape mismatch {tuple(a.shape)} vs {tuple(b.shape)}"
+    den = b.norm().item()
+    num = (a - b).norm().item()
+    if den == 0.0:
+        return num
+    return num / den
+
+
+def roll_group(t: torch.Tensor, T: int, shifts: int = 1) -> torch.Tensor:
+    """Act with r^shifts: cyclic shift of the group axis of a (..., c*T) feature."""
+    shape = t.shape
+    return torch.roll(t.reshape(*shape[:-1], shape[-1] // T, T), shifts, -1).reshape(shape)
+
+
+def loop_eq_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """Y[n,o,t] = sum_{ci,s} X[n,ci,s] w[o,ci,(s-t) mod T] + b[o], by explicit loops (tiny sizes)."""
+    d, c, T = w.shape
+    X = x.reshape(-1, c, T)
+    Y = torch.zeros(X.shape[0], d, T, dtype=x.dtype)
+    for o in range(d):
+        for t in range(T):
+            acc = torch.zeros(X.shape[0], dtype=x.dtype)
+            for ci in range(c):
+                for s in range(T):
+                    acc = acc + X[:, ci, s] * w[o, ci, (s - t) % T]
+            Y[:, o, t] = acc + (0.0 if b is None else b[o])
+    return Y.reshape(*x.shape[:-1], d * T)
+
+
+class RefEQLinear(nn.Module):
+    """Reference-style EQ-Linear (the authors' layout): weights (d,1,c,T), bias c (d,1), tranNum."""
+
+    def __init__(self, in_features: int, out_features: int, tranNum: int = 4, bias: bool = True):
+        super().__init__()
+        self.tranNum = tranNum
+        c, d = in_features // tranNum, out_features // tranNum
+        bound = 1.0 / math.sqrt(in_features)
+        self.weights = nn.Parameter(torch.empty(d, 1, c, tranNum).uniform_(-bound, bound))
+        if bias:
+            self.c = nn.Parameter(torch.empty(d, 1).uniform_(-bound, bound))
+        else:
+            self.c = None
+
+    def dense(self) -> torch.Tensor:
+        T = self.tranNum
+        d, _, c, _ = self.weights.shape
+        # Output copy t uses the weights rolled by t along the group axis: row (o, t) = roll(w[o], t).
+        rows = [torch.roll(self.weights, t, -1) for t in range(T)]  # each (d, 1, c, T)
+        return torch.cat(rows, dim=1).reshape(d * T, c * T)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x @ self.dense().t()
+        if self.c is not None:
+            y = y + self.c.expand(-1, self.tranNum).reshape(-1)
+        return y
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    """A seeded CPU generator (use it for every random tensor a test draws)."""
+    return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    """Seed the global RNG too, so layer initialisation is reproducible."""
+    torch.manual_seed(0)
+    yield

@@ -1,0 +1,197 @@
+"""Fused p4 forward kernels on CUDA: exactness per dtype against float64, robustness, op checks.
+
+Criterion (flash-attention style): the relative L2 error of our low-precision output against the
+float64 naive layer is at most twice that of F.linear on the same low-precision input and the
+layer's dense weight rounded to the same dtype. For tiny outputs F.linear can be exact by luck,
+so its error is floored at u/8 (u = unit roundoff); FP32 must stay under 1e-5.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flash_eqlinear as fe
+from flash_eqlinear import reference
+from flash_eqlinear.ops import backend_for, kernel_import_error
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU: fused-kernel tests skipped", allow_module_level=True)
+if not fe.kernels_available():
+    pytest.skip(f"fused kernels not built: {kernel_import_error()}", allow_module_level=True)
+
+DEV = "cuda"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+SIZES = [1, 3, 16, 48, 59, 64, 200, 1025]
+
+
+def rel_l2(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def make(M, c, d, dtype, x_scale=1.0, bias=True, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = (torch.randn(M, 4 * c, device=DEV, generator=g) * x_scale).to(dtype)
+    planes = (torch.randn(4, d, c, device=DEV, generator=g) / (4 * c) ** 0.5).to(dtype)
+    b = torch.randn(d, device=DEV, generator=g).to(dtype) if bias else None
+    return x, planes, b
+
+
+def fp64_reference(x, planes, b):
+    w = fe.planes_to_naive(planes.double())
+    return reference.naive_eq_linear(x.double(), w, None if b is None else b.double(), 4), w
+
+
+def check_against_linear(y, x, planes, b):
+    assert y.dtype == x.dtype and torch.isfinite(y).all()
+    ref, w = fp64_reference(x, planes, b)
+    err = rel_l2(y, ref)
+    if x.dtype == torch.float32:
+        assert err < 1e-5, err
+        return
+    W = reference.dense_weight(w).to(x.dtype)
+    B = None if b is None else b.repeat_interleave(4)
+    lin_err = rel_l2(F.linear(x, W, B), ref)
+    assert err <= 2 * max(lin_err, ROUNDOFF[x.dtype] / 8), (err, lin_err)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("M", [1, 7, 129, 4097])
+@pytest.mark.parametrize("c", SIZES)
+@pytest.mark.parametrize("d", SIZES)
+def test_forward_matches_fp64(M, c, d, dtype):
+    x, planes, b = make(M, c, d, dtype, seed=M * 7919 + c * 31 + d)
+    y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
+    assert y.shape == (M, 4 * d)
+    check_against_linear(y, x, planes, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_no_bias_and_unwritten_outputs(dtype):
+    x, planes, _ = make(300, 59, 200, dtype)
+    y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, None)
+    check_against_linear(y, x, planes, None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(4097, 1025, 200), (129, 64, 64), (32768, 256, 256)])
+def test_bitwise_reproducible(shape, dtype):
+    x, planes, b = make(*shape, dtype)
+    op = torch.ops.flash_eqlinear.eq_linear_fwd
+    y0 = op(x, planes, b)
+    for _ in range(3):
+        assert torch.equal(op(x, planes, b), y0)
+
+
+@pytest.mark.parametrize("c", [64, 59])
+def test_fp16_large_inputs_finite(c):
+    # x0+x1+x2+x3 overflows fp16 for |x| > 16384; the kernel's prologue must not.
+    x, planes, b = make(513, c, 64, torch.float16)
+    x = (x.float() / x.float().abs().max() * 3e4).half()
+    assert x.abs().max().item() >= 2.9e4
+    y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
+    check_against_linear(y, x, planes, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_more_than_2_31_elements(dtype):
+    c = d = 16
+    M = 2**31 // (4 * c) + 1000  # x and y each hold more than 2^31 elements
+    free = torch.cuda.mem_get_info()[0]
+    need = 2 * M * 4 * c * torch.finfo(dtype).bits // 8
+    if free < 1.5 * need:
+        pytest.skip(f"needs {need / 2**30:.1f} GiB of free GPU memory")
+    x = torch.empty(M, 4 * c, device=DEV, dtype=dtype)
+    x[:] = torch.randn(4096, 4 * c, device=DEV, dtype=dtype).repeat(M // 4096 + 1, 1)[:M]
+    _, planes, b = make(1, c, d, dtype)
+    y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
+    for rows in (slice(0, 64), slice(M - 64, M), slice(2**31 // (4 * d) - 32, 2**31 // (4 * d) + 32)):
+        check_against_linear(y[rows], x[rows], planes, b)
+    del x, y
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_module_dispatch_leading_dims_noncontiguous(dtype):
+    layer = fe.FlashEQLinear(4 * 48, 4 * 59, device=DEV, dtype=dtype)
+    x = torch.randn(3, 5, 4 * 48, 7, device=DEV, dtype=dtype).transpose(-1, -2)  # (3, 5, 7, 192), strided
+    assert backend_for(x, 4) == "cuda"
+    y = layer(x)
+    assert y.shape == (3, 5, 7, 4 * 59)
+    check_against_linear(
+        y.reshape(-1, 4 * 59), x.reshape(-1, 4 * 48), layer.weight.detach(), layer.bias.detach()
+    )
+    assert layer(x[:, :0]).shape == (3, 0, 7, 4 * 59)
+
+
+def test_equivariance_fp32():
+    layer = fe.FlashEQLinear(4 * 200, 4 * 64, device=DEV)
+    x = torch.randn(1000, 4 * 200, device=DEV)
+
+    def rot(t):
+        return torch.roll(t.unflatten(-1, (-1, 4)), 1, -1).flatten(-2)
+
+    with torch.no_grad():
+        assert rel_l2(layer(rot(x)), rot(layer(x))) < 1e-6
+
+
+def test_matches_naive_layer_and_grads_fp32():
+    naive = fe.NaiveEQLinear(4 * 59, 4 * 48, device=DEV, dtype=torch.float64)
+    flash = fe.FlashEQLinear.from_naive(naive.weight.detach().float(), naive.bias.detach().float())
+    x = torch.randn(129, 4 * 59, device=DEV, dtype=torch.float64, requires_grad=True)
+    xf = x.detach().float().requires_grad_()
+    y, yf = naive(x), flash(xf)
+    assert rel_l2(yf, y) < 1e-5
+    g = torch.randn_like(y)
+    y.backward(g)
+    yf.backward(g.float())
+    assert rel_l2(xf.grad, x.grad) < 1e-5
+    wgrad = fe.naive_to_planes(naive.weight.grad)  # planes are an orthogonal map of w
+    assert rel_l2(flash.weight.grad, wgrad) < 1e-5
+    assert rel_l2(flash.bias.grad, naive.bias.grad) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_opcheck(dtype):
+    x, planes, b = make(37, 59, 16, dtype)
+    x.requires_grad_(dtype == torch.float32)
+    torch.library.opcheck(torch.ops.flash_eqlinear.eq_linear_fwd.default, (x, planes, b))
+    torch.library.opcheck(torch.ops.flash_eqlinear.eq_linear_fwd.default, (x, planes, None))
+
+
+def test_torch_compile_fullgraph():
+    model = torch.nn.Sequential(fe.FlashEQLinear(256, 512), torch.nn.GELU(), fe.FlashEQLinear(512, 256)).to(
+        DEV
+    )
+    x = torch.randn(4, 33, 256, device=DEV)
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        assert torch.equal(compiled(x), model(x)) or rel_l2(compiled(x), model(x)) < 1e-6
+
+
+def test_autocast_follows_linear():
+    layer = fe.FlashEQLinear(256, 128, device=DEV)
+    lin = torch.nn.Linear(256, 128, device=DEV)
+    x = torch.randn(64, 256, device=DEV)
+    for dt in (torch.float16, torch.bfloat16):
+        with torch.autocast("cuda", dtype=dt):
+            y, yl = layer(x), lin(x)
+        assert y.dtype == yl.dtype == dt
+
+
+def test_misuse_raises():
+    x, planes, b = make(8, 16, 16, torch.float32)
+    op = torch.ops.flash_eqlinear.eq_linear_fwd
+    with pytest.raises(RuntimeError, match="features"):
+        op(x[:, :-4], planes, b)
+    with pytest.raises(RuntimeError, match="dtype"):
+        op(x.half(), planes, b)
+    with pytest.raises(RuntimeError, match="bias"):
+        op(x, planes, b[:-1])
+    with pytest.raises(RuntimeError, match="device"):
+        fe.flash_eq_linear(x.cpu(), planes, b)
+    with pytest.raises(ValueError, match="group size"):
+        fe.flash_eq_linear(x, planes[:3], b, group_size=4)

@@ -1,0 +1,497 @@
+"""FlashEQLinear and NaiveEQLinear: parameters, equivalence, export/import, init, training, state."""
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+from conftest import GROUP_SIZES, RefEQLinear, loop_eq_linear, rel_l2, roll_group
+
+import flash_eqlinear as fe
+
+F64 = torch.float64
+
+
+def _pair(C, D, T, bias=True, dtype=F64):
+    """A NaiveEQLinear and the FlashEQLinear built from its weights."""
+    naive = fe.NaiveEQLinear(C, D, bias=bias, group_size=T, dtype=dtype)
+    flash = fe.FlashEQLinear.from_naive(
+        naive.weight.detach(), None if naive.bias is None else naive.bias.detach()
+    )
+    return naive, flash
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters and repr
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("T, c, d", [(4, 3, 5), (1, 2, 3), (3, 7, 1), (8, 2, 2)])
+def test_parameter_shapes(T, c, d):
+    flash = fe.FlashEQLinear(c * T, d * T, group_size=T)
+    naive = fe.NaiveEQLinear(c * T, d * T, group_size=T)
+    assert flash.weight.shape == (T, d, c)
+    assert naive.weight.shape == (d, c, T)
+    assert flash.bias.shape == naive.bias.shape == (d,)
+    for m in (flash, naive):
+        assert (m.in_features, m.out_features, m.group_size) == (c * T, d * T, T)
+        assert isinstance(m.weight, nn.Parameter) and isinstance(m.bias, nn.Parameter)
+        assert [n for n, _ in m.named_parameters()] == ["weight", "bias"]
+        assert m.naive_weight().shape == (d, c, T)
+
+
+def test_extra_repr():
+    r = repr(fe.FlashEQLinear(12, 8, bias=False, group_size=4))
+    assert r.startswith("FlashEQLinear(")
+    assert "in_features=12" in r and "out_features=8" in r and "bias=False" in r and "group_size=4" in r
+    r = repr(fe.NaiveEQLinear(6, 9, group_size=3))
+    assert (
+        r.startswith("NaiveEQLinear(") and "in_features=6" in r and "group_size=3" in r and "bias=True" in r
+    )
+
+
+def test_default_group_size_is_4():
+    assert fe.FlashEQLinear(8, 8).weight.shape == (4, 2, 2)
+    assert fe.NaiveEQLinear(8, 8).weight.shape == (2, 2, 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Same function for the same weights
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("T", GROUP_SIZES)
+@pytest.mark.parametrize("c, d", [(3, 5), (5, 3), (1, 1)])
+def test_flash_equals_naive(T, c, d, gen):
+    naive, flash = _pair(c * T, d * T, T)
+    x = torch.randn(2, 7, c * T, generator=gen, dtype=F64)
+    with torch.no_grad():
+        y_naive, y_flash = naive(x), flash(x)
+    assert y_flash.shape == (2, 7, d * T)
+    assert rel_l2(y_flash, y_naive) < 1e-13
+    expect = loop_eq_linear(x, naive.weight.detach(), naive.bias.detach())
+    assert rel_l2(y_naive, expect) < 1e-13
+    torch.testing.assert_close(flash.naive_weight(), naive.weight, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("T", [1, 3, 4, 6])
+def test_modules_are_equivariant(T, gen):
+    naive, flash = _pair(3 * T, 2 * T, T)
+    x = torch.randn(5, 3 * T, generator=gen, dtype=F64)
+    with torch.no_grad():
+        for m in (naive, flash):
+            assert rel_l2(m(roll_group(x, T)), roll_group(m(x), T)) < 1e-13
+
+
+@pytest.mark.parametrize("T", [2, 4, 5])
+@pytest.mark.parametrize("bias", [True, False])
+def test_from_naive_reference_style_shapes(T, bias, gen):
+    d, c = 3, 2
+    ref = RefEQLinear(c * T, d * T, T, bias=bias).double()
+    x = torch.randn(4, c * T, generator=gen, dtype=F64)
+    b = None if ref.c is None else ref.c.detach()
+    f4 = fe.FlashEQLinear.from_naive(ref.weights.detach(), b)  # (d,1,c,T) and (d,1)
+    f3 = fe.FlashEQLinear.from_naive(ref.weights.detach().squeeze(1), None if b is None else b.reshape(-1))
+    with torch.no_grad():
+        y = ref(x)
+        assert rel_l2(f4(x), y) < 1e-13
+        assert rel_l2(f3(x), y) < 1e-13
+    assert f4.weight.dtype == F64 and (f4.bias is None) == (not bias)
+    assert f4.group_size == T and f4.weight.shape == (T, d, c)
+
+
+def test_from_naive_copies_storage(gen):
+    w = torch.randn(2, 3, 4, generator=gen)
+    b = torch.randn(2, generator=gen)
+    layer = fe.FlashEQLinear.from_naive(w, b)
+    b.zero_()
+    w.zero_()
+    assert layer.bias.abs().sum() > 0 and layer.naive_weight().abs().sum() > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Dense matrix and export
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("cls", [fe.FlashEQLinear, fe.NaiveEQLinear])
+def test_dense_weight_matches_reference_style(T, cls):
+    d, c = 3, 2
+    ref = RefEQLinear(c * T, d * T, T).double()
+    layer = cls(c * T, d * T, group_size=T, dtype=F64)
+    w = ref.weights.detach().squeeze(1)
+    with torch.no_grad():
+        layer.weight.copy_(fe.naive_to_planes(w) if cls is fe.FlashEQLinear else w)
+        W = layer.dense_weight()
+        assert W.shape == (d * T, c * T)
+        torch.testing.assert_close(W, ref.dense(), rtol=0, atol=1e-14)
+        # block-circulant structure: block (o, ci) is a circulant T x T matrix.
+        blocks = W.reshape(d, T, c, T)
+        for t in range(T):
+            torch.testing.assert_close(blocks[:, t], torch.roll(blocks[:, 0], t, -1), rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("T", [1, 4, 6])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("cls", [fe.FlashEQLinear, fe.NaiveEQLinear])
+def test_to_linear(T, bias, cls, gen):
+    layer = cls(2 * T, 3 * T, bias=bias, group_size=T, dtype=F64)
+    lin = layer.to_linear()
+    assert type(lin) is nn.Linear
+    assert (lin.in_features, lin.out_features) == (2 * T, 3 * T)
+    assert lin.weight.dtype == F64 and (lin.bias is None) == (not bias)
+    x = torch.randn(2, 4, 2 * T, generator=gen, dtype=F64)
+    with torch.no_grad():
+        assert rel_l2(lin(x), layer(x)) < 1e-13
+        lin.weight.zero_()  # no shared storage
+        assert layer.dense_weight().abs().sum() > 0
+
+
+@pytest.mark.parametrize("T", [1, 2, 4, 5])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_from_linear_round_trip(T, bias, dtype, gen):
+    layer = fe.FlashEQLinear(3 * T, 2 * T, bias=bias, group_size=T, dtype=dtype)
+    back = fe.FlashEQLinear.from_linear(layer.to_linear(), group_size=T)
+    assert back.weight.dtype == dtype and back.group_size == T
+    tol = 1e-6 if dtype == torch.float32 else 1e-14
+    torch.testing.assert_close(back.naive_weight(), layer.naive_weight(), rtol=0, atol=tol)
+    if bias:
+        torch.testing.assert_close(back.bias, layer.bias, rtol=0, atol=0)
+    else:
+        assert back.bias is None
+    x = torch.randn(3, 3 * T, generator=gen, dtype=dtype)
+    with torch.no_grad():
+        assert rel_l2(back(x), layer(x)) < tol * 10
+
+
+def test_from_linear_of_reference_style_dense(gen):
+    ref = RefEQLinear(8, 12, 4).double()
+    lin = nn.Linear(8, 12, dtype=F64)
+    with torch.no_grad():
+        lin.weight.copy_(ref.dense())
+        lin.bias.copy_(ref.c.detach().expand(-1, 4).reshape(-1))
+    layer = fe.FlashEQLinear.from_linear(lin, 4)
+    x = torch.randn(5, 8, generator=gen, dtype=F64)
+    with torch.no_grad():
+        assert rel_l2(layer(x), ref(x)) < 1e-13
+
+
+def test_from_linear_rejects_random_linear():
+    with pytest.raises(ValueError, match="not block-circulant"):
+        fe.FlashEQLinear.from_linear(nn.Linear(8, 8), group_size=4)
+
+
+def test_from_linear_rejects_unshared_bias():
+    lin = fe.FlashEQLinear(8, 8, dtype=F64).to_linear()
+    with torch.no_grad():
+        lin.bias[1] += 0.1  # copy t = 1 of channel 0 no longer equals copy 0
+    with pytest.raises(ValueError, match="bias is not shared"):
+        fe.FlashEQLinear.from_linear(lin, group_size=4)
+
+
+def test_from_linear_rejects_wrong_group_size():
+    lin = fe.FlashEQLinear(12, 12, group_size=4, dtype=F64).to_linear()
+    with pytest.raises(ValueError, match="not block-circulant"):
+        fe.FlashEQLinear.from_linear(lin, group_size=2)  # divisible, but not 2-circulant
+    with pytest.raises(ValueError, match="divisible"):
+        fe.FlashEQLinear.from_linear(lin, group_size=5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Initialisation
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [fe.FlashEQLinear, fe.NaiveEQLinear])
+def test_init_distribution_like_nn_linear(cls):
+    C, D, T = 256, 256, 4
+    bound = 1 / math.sqrt(C)
+    layer = cls(C, D, group_size=T)
+    w = layer.naive_weight().detach().double()
+    b = layer.bias.detach().double()
+    assert w.abs().max() <= bound * (1 + 1e-5)
+    assert b.abs().max() <= bound * (1 + 1e-5)
+    # uniform(-bound, bound): mean 0, variance bound^2/3, and it fills the range
+    n = w.numel()  # 4096 entries
+    assert abs(w.mean().item()) < 4 * bound / math.sqrt(3 * n)
+    assert w.var().item() == pytest.approx(bound**2 / 3, rel=0.08)
+    assert w.abs().max() > 0.98 * bound
+    # histogram roughly flat (not normal): each of 8 bins holds about n/8 entries
+    hist = torch.histc(w, bins=8, min=-bound, max=bound)
+    assert (hist - n / 8).abs().max() < 0.2 * n / 8
+    assert abs(b.mean().item()) < 4 * bound / math.sqrt(3 * b.numel())
+    assert b.abs().max() > 0.8 * bound
+    # and the dense matrix has nn.Linear(C, D)'s entry variance
+    ref = nn.Linear(C, D)
+    assert layer.dense_weight().var().item() == pytest.approx(ref.weight.var().item(), rel=0.1)
+
+
+@pytest.mark.parametrize("T", [1, 3, 4])
+def test_init_bound_other_group_sizes(T):
+    C = 24 * T
+    layer = fe.FlashEQLinear(C, 2 * C, group_size=T)
+    assert layer.naive_weight().abs().max() <= (1 + 1e-5) / math.sqrt(C)
+    assert layer.bias.abs().max() <= (1 + 1e-5) / math.sqrt(C)
+
+
+@pytest.mark.parametrize("cls", [fe.FlashEQLinear, fe.NaiveEQLinear])
+def test_reset_parameters(cls):
+    layer = cls(16, 8, group_size=4)
+    with torch.no_grad():
+        layer.weight.zero_()
+        layer.bias.fill_(7.0)
+    layer.reset_parameters()
+    bound = 1 / 4
+    w = layer.naive_weight().detach()
+    assert w.abs().max() <= bound * (1 + 1e-5) and w.abs().sum() > 0
+    assert layer.bias.abs().max() <= bound
+    torch.manual_seed(5)
+    layer.reset_parameters()
+    w1 = layer.weight.detach().clone()
+    torch.manual_seed(5)
+    layer.reset_parameters()
+    torch.testing.assert_close(layer.weight.detach(), w1, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training: the planes parametrisation follows the naive trajectory exactly
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("T", [2, 3, 4])
+@pytest.mark.parametrize("bias", [True, False])
+def test_sgd_momentum_weight_decay_same_trajectory(T, bias, gen):
+    naive, flash = _pair(3 * T, 2 * T, T, bias=bias)
+    opt_n = torch.optim.SGD(naive.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    opt_f = torch.optim.SGD(flash.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    start = naive.weight.detach().clone()
+    for _ in range(6):
+        x = torch.randn(8, 3 * T, generator=gen, dtype=F64)
+        target = torch.randn(8, 2 * T, generator=gen, dtype=F64)
+        for m, opt in ((naive, opt_n), (flash, opt_f)):
+            opt.zero_grad()
+            ((m(x) - target) ** 2).mean().backward()
+            opt.step()
+        torch.testing.assert_close(flash.naive_weight(), naive.weight, rtol=0, atol=1e-12)
+        if bias:
+            torch.testing.assert_close(flash.bias, naive.bias, rtol=0, atol=1e-12)
+    assert (naive.weight.detach() - start).abs().max() > 1e-3  # it did move
+
+
+def test_gradients_map_through_planes(gen):
+    """grad wrt planes == naive_to_planes(grad wrt w) (orthogonal reparametrisation)."""
+    naive, flash = _pair(12, 8, 4)
+    x = torch.randn(5, 12, generator=gen, dtype=F64)
+    gy = torch.randn(5, 8, generator=gen, dtype=F64)
+    naive(x).backward(gy)
+    flash(x).backward(gy)
+    torch.testing.assert_close(flash.weight.grad, fe.naive_to_planes(naive.weight.grad), rtol=0, atol=1e-13)
+    torch.testing.assert_close(flash.bias.grad, naive.bias.grad, rtol=0, atol=1e-13)
+
+
+# ---------------------------------------------------------------------------------------------
+# state_dict
+# ---------------------------------------------------------------------------------------------
+
+
+def test_state_dict_flash_round_trip(gen):
+    a = fe.FlashEQLinear(12, 8, group_size=4)
+    b = fe.FlashEQLinear(12, 8, group_size=4)
+    sd = a.state_dict()
+    assert set(sd) == {"weight", "bias"} and sd["weight"].shape == (4, 2, 3)
+    b.load_state_dict(sd)
+    torch.testing.assert_close(b.weight, a.weight, rtol=0, atol=0)
+    torch.testing.assert_close(b.bias, a.bias, rtol=0, atol=0)
+
+
+def test_state_dict_has_no_derived_state():
+    for cls in (fe.FlashEQLinear, fe.NaiveEQLinear):
+        layer = cls(8, 8)
+        train_keys = set(layer.train().state_dict())
+        assert train_keys == set(layer.eval().state_dict()) == {"weight", "bias"}
+
+
+@pytest.mark.parametrize("T, c, d", [(4, 3, 2), (2, 5, 3), (3, 1, 4)])
+def test_load_naive_state_dict_into_flash(T, c, d, gen):
+    naive = fe.NaiveEQLinear(c * T, d * T, group_size=T, dtype=F64)
+    flash = fe.FlashEQLinear(c * T, d * T, group_size=T, dtype=F64)
+    flash.load_state_dict(naive.state_dict())
+    x = torch.randn(4, c * T, generator=gen, dtype=F64)
+    with torch.no_grad():
+        assert rel_l2(flash(x), naive(x)) < 1e-13
+
+
+def test_load_same_naive_state_dict_twice(gen):
+    """Loading must not mutate the caller's state_dict (or its metadata): a second load works too."""
+    naive = fe.NaiveEQLinear(8, 12, dtype=F64)
+    sd = naive.state_dict()
+    meta_before = {k: dict(v) for k, v in sd._metadata.items()}
+    x = torch.randn(3, 8, generator=gen, dtype=F64)
+    for _ in range(2):
+        flash = fe.FlashEQLinear(8, 12, dtype=F64)
+        flash.load_state_dict(sd)
+        with torch.no_grad():
+            assert rel_l2(flash(x), naive(x)) < 1e-13
+    assert {k: dict(v) for k, v in sd._metadata.items()} == meta_before
+    assert sd["weight"].shape == (3, 2, 4)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_load_reference_style_dict_into_flash(bias, gen):
+    ref = RefEQLinear(12, 8, 4, bias=bias).double()
+    sd = {k: v.detach().clone() for k, v in ref.state_dict().items()}
+    assert set(sd) == ({"weights", "c"} if bias else {"weights"})
+    flash = fe.FlashEQLinear(12, 8, bias=bias, group_size=4, dtype=F64)
+    flash.load_state_dict(sd)
+    assert set(sd) == ({"weights", "c"} if bias else {"weights"})  # caller's dict untouched
+    x = torch.randn(3, 12, generator=gen, dtype=F64)
+    with torch.no_grad():
+        assert rel_l2(flash(x), ref(x)) < 1e-13
+
+
+def test_ambiguous_shapes_naive_checkpoint_converted(gen):
+    """T = d = c = 4: (T, d, c) == (d, c, T). The metadata must decide, not the shape."""
+    naive = fe.NaiveEQLinear(16, 16, group_size=4, dtype=F64)
+    flash = fe.FlashEQLinear(16, 16, group_size=4, dtype=F64)
+    assert tuple(naive.weight.shape) == tuple(flash.weight.shape) == (4, 4, 4)
+    flash.load_state_dict(naive.state_dict())
+    x = torch.randn(5, 16, generator=gen, dtype=F64)
+    with torch.no_grad():
+        assert rel_l2(flash(x), naive(x)) < 1e-13
+    torch.testing.assert_close(flash.naive_weight(), naive.weight, rtol=0, atol=1e-14)
+
+
+def test_ambiguous_shapes_flash_checkpoint_not_converted(gen):
+    a = fe.FlashEQLinear(16, 16, group_size=4, dtype=F64)
+    b = fe.FlashEQLinear(16, 16, group_size=4, dtype=F64)
+    b.load_state_dict(a.state_dict())
+    torch.testing.assert_close(b.weight, a.weight, rtol=0, atol=0)
+    x = torch.randn(5, 16, generator=gen, dtype=F64)
+    with torch.no_grad():
+        assert rel_l2(b(x), a(x)) < 1e-15
+
+
+def test_ambiguous_shapes_reference_style(gen):
+    ref = RefEQLinear(16, 16, 4).double()
+    flash = fe.FlashEQLinear(16, 16, group_size=4, dtype=F64)
+    flash.load_state_dict(ref.state_dict())
+    x = torch.randn(5, 16, generator=gen, dtype=F64)
+    with torch.no_grad():
+        assert rel_l2(flash(x), ref(x)) < 1e-13
+
+
+def test_plain_dict_without_metadata(gen):
+    """A rebuilt dict (no _metadata): a (d, c, T) weight is converted only where the shape is unambiguous."""
+    x = torch.randn(3, 12, generator=gen, dtype=F64)
+    naive = fe.NaiveEQLinear(12, 8, dtype=F64)  # (d, c, T) = (2, 3, 4) vs planes (4, 2, 3)
+    flash = fe.FlashEQLinear(12, 8, dtype=F64)
+    flash.load_state_dict(dict(naive.state_dict()))
+    with torch.no_grad():
+        assert rel_l2(flash(x), naive(x)) < 1e-13
+    # ambiguous shapes and no metadata: taken as planes (a rebuilt Flash checkpoint stays intact)
+    a = fe.FlashEQLinear(16, 16, dtype=F64)
+    b = fe.FlashEQLinear(16, 16, dtype=F64)
+    b.load_state_dict({k: v.clone() for k, v in a.state_dict().items()})
+    torch.testing.assert_close(b.weight, a.weight, rtol=0, atol=0)
+
+
+def test_naive_state_dict_loads_into_naive():
+    a, b = fe.NaiveEQLinear(8, 12), fe.NaiveEQLinear(8, 12)
+    b.load_state_dict(a.state_dict())
+    torch.testing.assert_close(b.weight, a.weight, rtol=0, atol=0)
+
+
+def test_load_nested_naive_state_dict(gen):
+    naive = nn.Sequential(fe.NaiveEQLinear(8, 16, dtype=F64), nn.ReLU(), fe.NaiveEQLinear(16, 16, dtype=F64))
+    flash = nn.Sequential(fe.FlashEQLinear(8, 16, dtype=F64), nn.ReLU(), fe.FlashEQLinear(16, 16, dtype=F64))
+    flash.load_state_dict(naive.state_dict())
+    x = torch.randn(3, 8, generator=gen, dtype=F64)
+    with torch.no_grad():
+        assert rel_l2(flash(x), naive(x)) < 1e-13
+
+
+# ---------------------------------------------------------------------------------------------
+# Options: bias=False, autocast, dtype/device
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [fe.FlashEQLinear, fe.NaiveEQLinear])
+def test_bias_false(cls, gen):
+    layer = cls(8, 12, bias=False, dtype=F64)
+    assert layer.bias is None and [n for n, _ in layer.named_parameters()] == ["weight"]
+    x = torch.randn(3, 8, generator=gen, dtype=F64)
+    with torch.no_grad():
+        expect = loop_eq_linear(x, layer.naive_weight(), None)
+        assert rel_l2(layer(x), expect) < 1e-13
+    assert set(layer.state_dict()) == {"weight"}
+
+
+@pytest.mark.parametrize("cls", [fe.FlashEQLinear, fe.NaiveEQLinear])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_cpu_follows_nn_linear(cls, dtype, gen):
+    layer = cls(16, 8, group_size=4)
+    lin = nn.Linear(16, 8)
+    x = torch.randn(3, 16, generator=gen)
+    with torch.autocast("cpu", dtype=dtype):
+        y_lin = lin(x)
+        y = layer(x)
+    assert y.dtype == y_lin.dtype == dtype
+    with torch.no_grad():
+        y32 = layer(x)
+    assert y32.dtype == torch.float32
+    assert rel_l2(y, y32) < 3e-2
+    y.float().sum().backward()  # gradients flow back to the fp32 parameters
+    assert layer.weight.grad is not None and layer.weight.grad.dtype == torch.float32
+
+
+def test_autocast_cpu_leaves_float64_alone(gen):
+    layer = fe.FlashEQLinear(16, 8, dtype=F64)
+    lin = nn.Linear(16, 8, dtype=F64)
+    x = torch.randn(3, 16, generator=gen, dtype=F64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(x).dtype == lin(x).dtype == F64
+
+
+def test_autocast_disabled_region(gen):
+    layer = fe.FlashEQLinear(16, 8)
+    x = torch.randn(3, 16, generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.autocast("cpu", enabled=False):
+        assert layer(x).dtype == torch.float32
+
+
+@pytest.mark.parametrize("cls", [fe.FlashEQLinear, fe.NaiveEQLinear])
+@pytest.mark.parametrize("dtype", [F64, torch.float32, torch.bfloat16])
+def test_dtype_argument(cls, dtype, gen):
+    layer = cls(8, 12, dtype=dtype)
+    assert layer.weight.dtype == layer.bias.dtype == dtype
+    y = layer(torch.randn(2, 8, generator=gen).to(dtype))
+    assert y.dtype == dtype and y.shape == (2, 12)
+
+
+def test_default_dtype_respected():
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(F64)
+    try:
+        assert fe.FlashEQLinear(8, 8).weight.dtype == F64
+    finally:
+        torch.set_default_dtype(prev)
+
+
+@pytest.mark.parametrize("cls", [fe.FlashEQLinear, fe.NaiveEQLinear])
+def test_meta_device_construction(cls):
+    layer = cls(16, 8, device="meta")
+    assert layer.weight.device.type == "meta" and layer.bias.device.type == "meta"
+    assert layer.weight.shape == ((4, 2, 4) if cls is fe.FlashEQLinear else (2, 4, 4))
+    y = layer(torch.empty(3, 5, 16, device="meta"))
+    assert y.device.type == "meta" and y.shape == (3, 5, 8)
+    real = layer.to_empty(device="cpu")
+    real.reset_parameters()
+    assert torch.isfinite(real.weight).all() and real.naive_weight().abs().max() <= 0.25 * (1 + 1e-5)
+
+
+def test_module_to_dtype(gen):
+    layer = fe.FlashEQLinear(8, 8).to(F64)
+    x = torch.randn(2, 8, generator=gen, dtype=F64)
+    assert layer(x).dtype == F64
