@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from . import reference
 from .fourier import check_group_size, naive_to_planes, planes_to_naive
-from .ops import flash_eq_linear
+from .ops import autocast_inputs, flash_eq_linear
 
 __all__ = ["FlashEQLinear", "NaiveEQLinear", "LAYOUT_KEY"]
 
@@ -111,9 +111,10 @@ class NaiveEQLinear(_EQLinearBase):
         return self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b = None if self.bias is None else self.bias.repeat_interleave(self.group_size)
-        reference.check_inputs(x, self.weight, self.bias, self.group_size, "group")
-        return F.linear(x, self.dense_weight(), b)
+        x, w, bias = autocast_inputs(x, self.weight, self.bias)
+        reference.check_inputs(x, w, bias, self.group_size, "group")
+        b = None if bias is None else bias.repeat_interleave(self.group_size)
+        return F.linear(x, reference.dense_weight(w), b)
 
 
 class FlashEQLinear(_EQLinearBase):

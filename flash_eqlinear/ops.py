@@ -79,14 +79,16 @@ if kernels_available():
     torch.library.register_autograd("flash_eqlinear::eq_linear_fwd", _backward, setup_context=_setup_context)
 
 
-def _autocast_dtype(x: torch.Tensor):
-    """The dtype nn.Linear would compute in under the active autocast, or None."""
+def autocast_inputs(x, weight, bias):
+    """Cast (x, weight, bias) as autocast would for nn.Linear (float64 is left alone)."""
+    if not (isinstance(x, torch.Tensor) and x.is_floating_point()) or x.dtype == torch.float64:
+        return x, weight, bias
     dev = x.device.type
-    if x.dtype == torch.float64:  # autocast leaves float64 alone, as for nn.Linear
-        return None
     if dev in ("cuda", "cpu") and torch.is_autocast_enabled(dev):
-        return torch.get_autocast_dtype(dev)
-    return None
+        cast = torch.get_autocast_dtype(dev)
+        x, weight = x.to(cast), weight.to(cast)
+        bias = None if bias is None else bias.to(cast)
+    return x, weight, bias
 
 
 def flash_eq_linear(x, weight, bias=None, group_size: int = 4) -> torch.Tensor:
@@ -96,11 +98,7 @@ def flash_eq_linear(x, weight, bias=None, group_size: int = 4) -> torch.Tensor:
     kernels for T = 4 on CUDA in fp32/fp16/bf16, the reference Fourier path otherwise. Under
     ``torch.autocast`` it casts like ``nn.Linear`` (inputs, weight and bias to the autocast dtype).
     """
-    if isinstance(x, torch.Tensor) and x.is_floating_point():
-        cast = _autocast_dtype(x)
-        if cast is not None:
-            x, weight = x.to(cast), weight.to(cast)
-            bias = None if bias is None else bias.to(cast)
+    x, weight, bias = autocast_inputs(x, weight, bias)
     T, c, d = reference.check_inputs(x, weight, bias, group_size, "planes")
     if backend_for(x, T) == "reference":
         return reference.fourier_eq_linear(x, weight, bias, T)

@@ -495,3 +495,13 @@ def test_module_to_dtype(gen):
     layer = fe.FlashEQLinear(8, 8).to(F64)
     x = torch.randn(2, 8, generator=gen, dtype=F64)
     assert layer(x).dtype == F64
+
+
+def test_naive_layer_follows_autocast(gen):
+    layer, lin = fe.NaiveEQLinear(16, 8), nn.Linear(16, 8)
+    x = torch.randn(3, 16, generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+        assert y.dtype == lin(x).dtype == torch.bfloat16
+    ref = layer(x)
+    assert ((y.float() - ref).norm() / ref.norm()).item() < 2e-2

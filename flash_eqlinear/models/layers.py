@@ -25,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..modules import FlashEQLinear, NaiveEQLinear
+from ..swap import is_naive_eq_linear
 
 __all__ = [
     "GROUP_SIZE",
@@ -83,8 +84,6 @@ class Variant:
 
 def is_linear_layer(module: nn.Module) -> bool:
     """nn.Linear, NaiveEQLinear/FlashEQLinear, or a reference-style EQ-Linear (``weights``, ``tranNum``)."""
-    from ..swap import is_naive_eq_linear
-
     return isinstance(module, (nn.Linear, NaiveEQLinear, FlashEQLinear)) or is_naive_eq_linear(module)
 
 
@@ -127,9 +126,8 @@ class GroupLayerNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         G = self.group_size
-        return F.layer_norm(
-            x, (self.num_features,), self.weight.repeat_interleave(G), self.bias.repeat_interleave(G), self.eps
-        )
+        w, b = self.weight.repeat_interleave(G), self.bias.repeat_interleave(G)
+        return F.layer_norm(x, (self.num_features,), w, b, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, group_size={self.group_size}, eps={self.eps}"
@@ -147,7 +145,8 @@ class LiftingPatchEmbed(nn.Module):
 
     def __init__(self, in_chans: int, embed_dim: int, patch_size: int, group_size: int = GROUP_SIZE):
         super().__init__()
-        self.in_chans, self.embed_dim, self.patch_size, self.group_size = in_chans, embed_dim, patch_size, group_size
+        self.in_chans, self.embed_dim = in_chans, embed_dim
+        self.patch_size, self.group_size = patch_size, group_size
         c = _check_fields("embed_dim", embed_dim, group_size)
         self.weight = nn.Parameter(torch.empty(c, in_chans, patch_size, patch_size))
         self.bias = nn.Parameter(torch.empty(c))
@@ -226,7 +225,7 @@ class Attention(nn.Module):
     ``F.scaled_dot_product_attention``.
 
     ``forward(x, attn_mask)`` takes ``x (B, N, C)``, or ``x (B, W, N, C)`` for ``W`` windows of ``N``
-    tokens each (Swin), in which case ``attn_mask`` is an additive ``(W * heads, N, N)`` tensor
+    tokens each (Swin), in which case ``attn_mask`` is an additive ``(1, W * heads, N, N)`` tensor
     broadcast over the batch (window and head are merged into one SDPA "head" dimension).
     """
 
@@ -244,10 +243,17 @@ class Attention(nn.Module):
         if x.dim() == 3:
             B, N, C = x.shape
             q, k, v = self.qkv(x).view(B, N, 3, H, hd).permute(2, 0, 3, 1, 4).unbind(0)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=_mask_as(attn_mask, q))
             return self.proj(o.transpose(1, 2).reshape(B, N, C))
         B, W, N, C = x.shape
         qkv = self.qkv(x).view(B, W, N, 3, H, hd).permute(3, 0, 1, 4, 2, 5).reshape(3, B, W * H, N, hd)
         q, k, v = qkv.unbind(0)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=_mask_as(attn_mask, q))
         return self.proj(o.view(B, W, H, N, hd).transpose(2, 3).reshape(B, W, N, C))
+
+
+def _mask_as(mask: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
+    """An additive mask in the query's dtype (SDPA requires it; under autocast q may be bf16)."""
+    if mask is None or mask.dtype == torch.bool or mask.dtype == q.dtype:
+        return mask
+    return mask.to(q.dtype)
