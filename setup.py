@@ -26,8 +26,8 @@ def _cuda_extension():
     try:
         import torch
         from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CUDAExtension
-    except ImportError:
-        return [], {}, "torch is not importable at build time (use --no-build-isolation)"
+    except ImportError as e:
+        return [], {}, f"torch is not importable at build time ({e}; build with --no-build-isolation)"
     if torch.version.cuda is None:
         return [], {}, f"torch {torch.__version__} is a CPU build"
     if CUDA_HOME is None:

@@ -8,32 +8,33 @@ export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_
 summary=()
 has() { [[ " $stages " == *" $1 "* ]]; }
 
+python3 -c "import sys, setuptools, torch; print(sys.executable, setuptools.__version__, torch.__version__)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 if has build; then
   t0=$SECONDS
-  FLASH_EQLINEAR_FORCE_CUDA_BUILD=1 pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1
+  FLASH_EQLINEAR_FORCE_CUDA_BUILD=1 python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1
   rc=$?; summary+=("build rc=$rc ($((SECONDS - t0)) s)")
   [ $rc -ne 0 ] && { tail -40 "$OUT/build.log"; printf '%s\n' "${summary[@]}"; exit 1; }
 fi
-python -c "import flash_eqlinear as fe; assert fe.kernels_available(), fe.ops.kernel_import_error()" || exit 1
+python3 -c "import flash_eqlinear as fe; assert fe.kernels_available(), fe.ops.kernel_import_error()" || exit 1
 if has test; then
-  python -m pytest tests/test_fwd_cuda.py -q -x -p no:cacheprovider >"$OUT/test.log" 2>&1
+  python3 -m pytest tests/test_fwd_cuda.py -q -x -p no:cacheprovider >"$OUT/test.log" 2>&1
   summary+=("tests: $(tail -1 "$OUT/test.log")")
   grep -E "FAILED|Error|assert" "$OUT/test.log" | head -20
 fi
 if has sanitize; then
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool $tool --error-exitcode 9 python benchmarks/sanitize_cases.py >"$OUT/sanitize_$tool.log" 2>&1
+    compute-sanitizer --tool $tool --error-exitcode 9 python3 benchmarks/sanitize_cases.py >"$OUT/sanitize_$tool.log" 2>&1
     summary+=("compute-sanitizer $tool rc=$? ($(grep -c 'ERROR SUMMARY: 0' "$OUT/sanitize_$tool.log") clean summaries)")
   done
 fi
 if has bench; then
-  python benchmarks/bench_op.py >"$OUT/bench.log" 2>&1; summary+=("bench rc=$?")
+  python3 benchmarks/bench_op.py >"$OUT/bench.log" 2>&1; summary+=("bench rc=$?")
   cp benchmarks/results/*.json benchmarks/results/*.md "$OUT/" 2>/dev/null
   tail -30 "$OUT/bench.log"
 fi
 if has bench-quick; then
-  python benchmarks/bench_op.py --cs 64,512,2048 --prec-rows 1024 --out quick.json >"$OUT/bench.log" 2>&1
+  python3 benchmarks/bench_op.py --cs 64,512,2048 --prec-rows 1024 --out quick.json >"$OUT/bench.log" 2>&1
   summary+=("bench-quick rc=$?"); cp benchmarks/results/quick.* "$OUT/" 2>/dev/null; tail -14 "$OUT/bench.log"
 fi
 printf '%s\n' "${summary[@]}"

@@ -2,6 +2,7 @@
 // torch.compile traces them and autograd/fake implementations can be attached from Python.
 #include <Python.h>
 
+#include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>

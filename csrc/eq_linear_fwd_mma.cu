@@ -5,26 +5,27 @@
 // F0 FR FI F2 are derived from x on the fly, four B operands are the planes P0 PR PI P2; per k16
 // step and (m16, n8) tile six mma feed four FP32 accumulator sets a0 a2 aR aI.
 //
-// Tiling. A block computes BM rows x BN output channels for all 4 group values; warps are laid
-// out WARPS_M x WARPS_N with a warp tile WM x WN. The accumulators cost 4 * WM * WN / 32 floats
-// per thread (a warp tile of WM x WN here is an ordinary GEMM tile of WM x 4WN), so a warp tile
-// holds at most 16 x 64 or 32 x 32 under ~200 registers. We use 16 x 64 for the fused kernels:
-// each warp turns its raw x rows into A fragments once per k16 step (~28 scalar ops per 16-byte
-// load) and reuses them for 8 n8 tiles (48 mma), which keeps the prologue under a third of the
-// issue slots. Configs: large 128x64 (8 warps, 8x1), small 64x64 (4 warps, 4x1).
+// Tiling. A block computes BM rows x BN output channels for all 4 group values. Accumulators cost
+// 4 * WM * WN / 32 floats per thread for a WM x WN warp tile (it is an ordinary WM x 4WN GEMM
+// tile), so 16 x 64 (128 floats) is the widest that fits. Each warp turns its own raw x rows into
+// A fragments once per k16 step (~28 scalar ops per LDS.128) and reuses them for 8 n8 tiles
+// (48 mma). Configs: large 128x64 (8 warps as 8x1, one block per SM), small 64x64 (4 warps as
+// 4x1, two blocks per SM on sm_90). Both use ~245 registers without spills: occupancy is set by
+// the accumulators anyway, so the registers above ~200 buy scheduling freedom, not fewer warps.
 //
 // Shared memory, per pipeline stage (BK = 32 channels):
 //   x tile      [BM][256 B]   row r = x[m0+r][k0..k0+31][0..3]; 16-byte chunk q (2 channels)
 //                              stored at chunk q ^ ((r & 1) << 2)
 //   planes tile [4*BN][64 B]  row p*BN+n = plane p, channel n0+n, k0..k0+31; 16-byte chunk q
 //                              (8 channels) stored at chunk q ^ ((row >> 1) & 3)
-// Both XOR swizzles make the fragment reads below bank-conflict free (each quarter-warp of
-// LDS.128 and each 8-row ldmatrix phase hits 8 distinct 16-byte bank groups).
-// Stages are filled with 16-byte cp.async (zero-fill past M, c, d) in a STAGES-deep pipeline,
-// one __syncthreads per k tile. When c % 8 != 0 (or a base pointer is misaligned) the rows are
-// not 16-byte aligned; a general kernel then fills the same layout with 2-byte loads.
+// Both XOR swizzles make the fragment reads bank-conflict free (each quarter-warp of LDS.128 and
+// each 8-row ldmatrix phase hits 8 distinct 16-byte bank groups).
+// Stages are filled with 16-byte cp.async (zero-fill past M, c, d), 3-4 stages, one barrier per
+// k tile placed before its last k16 step, so the next tile's A fragments and the refill overlap
+// that step's mma. When c % 8 != 0 (or x / planes are not 16-byte aligned) rows are not 16-byte
+// aligned: a general kernel fills the same layout with 8-byte cp.async (x) and 2-byte loads.
 //
-// Fragments (lane = 4 * gid + tid4). A (row-major m16 x k16): reg 0 = rows gid, k 2tid4..+1;
+// Fragments (lane = 4 * gid + tid4). A (row-major m16 x k16): reg 0 = row gid, k 2tid4..+1;
 // reg 1 = row gid+8; regs 2, 3 = the same rows at k + 8. For one (row, k pair) the raw
 // x[row][k][0..3], x[row][k+1][0..3] are 8 consecutive elements, one LDS.128, from which the
 // thread computes the packed (k, k+1) register of all four A planes (FP32 math, one rounding).
@@ -33,10 +34,11 @@
 // C: regs 0, 1 = row gid, columns 2tid4, 2tid4+1; regs 2, 3 = row gid+8. So a thread owns
 // y[m][o..o+1][0..3], 8 consecutive elements: one 16-byte store per row.
 //
-// Scaling: the prologue computes f/2 (x0+x1+x2+x3 overflows fp16 for |x| > 16384, its half
-// does not for |x| <= 32752), so with the kernel's a = a_header / 2 the epilogue is
+// Scaling (fp16): the prologue computes f/2 (x0+x1+x2+x3 overflows fp16 for |x| > 16384, its
+// half does not for |x| <= 32752), so with the kernel's a = a_header / 2 the epilogue is
 //   y0 = a0 + a2 + s aR   y1 = a0 - a2 - s aI   y2 = a0 + a2 - s aR   y3 = a0 - a2 + s aI,
-// s = sqrt2, + bias[o], in FP32 and rounded once.
+// s = sqrt2, + bias[o], in FP32 and rounded once. bf16 has the FP32 exponent range and uses the
+// header's unscaled formulas (two multiplies fewer per channel).
 
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -70,7 +72,8 @@ struct TileCfg {
 // 128x64 / 8 warps: 1 block per SM (registers), 4 stages = 192 KB (sm_90), 3 = 144 KB (sm_80).
 using CfgLarge4 = TileCfg<128, 64, 8, 1, 4, 1>;
 using CfgLarge3 = TileCfg<128, 64, 8, 1, 3, 1>;
-// 64x64 / 4 warps, 3 stages = 96 KB: fits sm_86/89 (99 KB) and runs 2 blocks per SM on sm_90.
+// 64x64 / 4 warps, 3 stages = 96 KB: fits sm_86/89 (99 KB) and runs 2 blocks per SM on sm_90;
+// also the general (unaligned) kernel.
 using CfgSmall = TileCfg<64, 64, 4, 1, 3, 2>;
 
 struct KParams {
@@ -83,12 +86,15 @@ struct KParams {
   int k_tiles;
   int y_vec16;  // d even and y 16-byte aligned: STG.128 per (row, o pair)
   int y_vec8;   // y 8-byte aligned: STG.64 per (row, o)
+  int x_align8; // general path: x 8-byte aligned, so one channel is one 8-byte cp.async
 };
 
 // ---- element-type traits -------------------------------------------------------------------
 template <class T> struct Elem;
 
 template <> struct Elem<__half> {
+  static constexpr bool kHalve = true;  // prologue computes f / 2 (fp16 range)
+  static constexpr int kLargeMinC = 1024;  // selector: large tiles from this c (H100 timings)
   static __device__ __forceinline__ float2 unpack(uint32_t u) {
     return __half22float2(*reinterpret_cast<const __half2*>(&u));
   }
@@ -97,7 +103,6 @@ template <> struct Elem<__half> {
     return *reinterpret_cast<const uint32_t*>(&h);
   }
   static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-  static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
   static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -108,6 +113,8 @@ template <> struct Elem<__half> {
 };
 
 template <> struct Elem<__nv_bfloat16> {
+  static constexpr bool kHalve = false;
+  static constexpr int kLargeMinC = 1536;  // small tiles still ~3% ahead at c = 1024
   static __device__ __forceinline__ float2 unpack(uint32_t u) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
   }
@@ -116,9 +123,6 @@ template <> struct Elem<__nv_bfloat16> {
     return *reinterpret_cast<const uint32_t*>(&h);
   }
   static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-  static __device__ __forceinline__ __nv_bfloat16 from_float(float v) {
-    return __float2bfloat16_rn(v);
-  }
   static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -133,10 +137,17 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16-byte async copy; src_bytes = 0 zero-fills the destination without reading src.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+// 8-byte async copy (general path); src_bytes = 0 zero-fills without reading src.
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
+}
+// 16-byte async copy, or 16 zero bytes when !pred (src-size 0: nothing is read; src is then
+// redirected to a valid address anyway so no out-of-range pointer reaches the memory system).
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, const void* safe,
+                                                 bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+               "l"(pred ? src : safe), "r"(pred ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
@@ -160,15 +171,26 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr));
 }
 
-// Group transform of one channel, halved: (f0, fR, fI, f2) / 2 from (x0, x1, x2, x3).
-__device__ __forceinline__ void half_dft4(float x0, float x1, float x2, float x3, float& f0,
-                                          float& fr, float& fi, float& f2) {
-  const float u = 0.5f * x0, v = 0.5f * x3;  // exact
-  fr = fmaf(-0.5f, x2, u);
-  fi = fmaf(-0.5f, x1, v);
-  const float s02 = fmaf(0.5f, x2, u), s13 = fmaf(0.5f, x1, v);
-  f0 = s02 + s13;
-  f2 = s02 - s13;
+// Group transform of one channel: (f0, fR, fI, f2) from (x0, x1, x2, x3), halved for fp16
+// (x0+x1+x2+x3 overflows fp16 for |x| > 16384, its half does not for |x| <= 32752); bf16 has
+// the FP32 exponent range and skips the two extra multiplies. FP32 math, one rounding (pack).
+template <bool kHalve>
+__device__ __forceinline__ void dft4(float x0, float x1, float x2, float x3, float& f0, float& fr,
+                                     float& fi, float& f2) {
+  if constexpr (kHalve) {
+    const float u = 0.5f * x0, v = 0.5f * x3;  // exact
+    fr = fmaf(-0.5f, x2, u);
+    fi = fmaf(-0.5f, x1, v);
+    const float s02 = fmaf(0.5f, x2, u), s13 = fmaf(0.5f, x1, v);
+    f0 = s02 + s13;
+    f2 = s02 - s13;
+  } else {
+    fr = x0 - x2;
+    fi = x3 - x1;
+    const float s02 = x0 + x2, s13 = x1 + x3;
+    f0 = s02 + s13;
+    f2 = s02 - s13;
+  }
 }
 
 // One LDS.128 worth of raw x (channels k, k+1 of one row) -> packed (k, k+1) A registers of the
@@ -176,11 +198,12 @@ __device__ __forceinline__ void half_dft4(float x0, float x1, float x2, float x3
 template <class T>
 __device__ __forceinline__ void xform(const uint4 v, uint32_t& F0, uint32_t& FR, uint32_t& FI,
                                       uint32_t& F2) {
+  constexpr bool kHalve = Elem<T>::kHalve;
   const float2 a = Elem<T>::unpack(v.x), b = Elem<T>::unpack(v.y);  // channel k
   const float2 e = Elem<T>::unpack(v.z), g = Elem<T>::unpack(v.w);  // channel k+1
   float f0a, fra, fia, f2a, f0b, frb, fib, f2b;
-  half_dft4(a.x, a.y, b.x, b.y, f0a, fra, fia, f2a);
-  half_dft4(e.x, e.y, g.x, g.y, f0b, frb, fib, f2b);
+  dft4<kHalve>(a.x, a.y, b.x, b.y, f0a, fra, fia, f2a);
+  dft4<kHalve>(e.x, e.y, g.x, g.y, f0b, frb, fib, f2b);
   F0 = Elem<T>::pack(f0a, f0b);
   FR = Elem<T>::pack(fra, frb);
   FI = Elem<T>::pack(fia, fib);
@@ -188,7 +211,7 @@ __device__ __forceinline__ void xform(const uint4 v, uint32_t& F0, uint32_t& FR,
 }
 
 // ---- the kernel --------------------------------------------------------------------------------
-// kFast: 16-byte cp.async (c % 8 == 0, x and planes 16-byte aligned); else 2-byte loads.
+// kFast: 16-byte cp.async (c % 8 == 0, x and planes 16-byte aligned); else the general loader.
 template <class T, class C, bool kFast>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 eq_linear_fwd_mma_kernel(const KParams p) {
@@ -222,68 +245,92 @@ eq_linear_fwd_mma_kernel(const KParams p) {
   const uint32_t ps_base = xs_base + STAGES * C::kXStage;
 
   // ---- global -> shared loader ----
+  // Fast path: per-thread row pointers and row masks are fixed; only k0 moves. Everything is
+  // unrolled straight-line code so the scheduler can interleave it with the mma stream.
+  constexpr int XROWS = BM * 16 / NTHR, XSTEP = NTHR / 16;  // x rows per thread, row step
+  constexpr int PSTEP = NTHR / 4, PROWS = BN / PSTEP;       // plane rows per thread per plane
+  static_assert(BN % PSTEP == 0 && PSTEP % 8 == 0, "plane rows: whole swizzle periods");
+  const int xq = tid & 15, xr0 = tid >> 4;  // x chunk (2 channels), first row
+  const int pq = tid & 3, pr0 = tid >> 2;   // plane chunk (8 channels), first row
+  const T* const xg = static_cast<const T*>(p.x);
+  const T* const pg = static_cast<const T*>(p.planes);
+  uint32_t xmask = 0, pmask = 0;  // rows in range (M for x, d for planes)
+#pragma unroll
+  for (int i = 0; i < XROWS; ++i) xmask |= (m0 + xr0 + i * XSTEP < M) ? (1u << i) : 0u;
+#pragma unroll
+  for (int j = 0; j < PROWS; ++j) pmask |= (n0 + pr0 + j * PSTEP < d) ? (1u << j) : 0u;
+  // Row pointers at k0 = 0 (only dereferenced for rows in range).
+  const T* const xrow = xg + ((m0 + xr0) * static_cast<int64_t>(c) + 2 * xq) * 4;
+  const T* const prow = pg + static_cast<int64_t>(n0 + pr0) * c + 8 * pq;
+  const int64_t x_step = static_cast<int64_t>(XSTEP) * c * 4;
+  const int64_t p_plane = static_cast<int64_t>(d) * c, p_step = static_cast<int64_t>(PSTEP) * c;
+  const uint32_t x_dst = xr0 * kXRowBytes + ((xq ^ ((xr0 & 1) << 2)) << 4);
+  const uint32_t p_dst = pr0 * kPRowBytes + ((pq ^ ((pr0 >> 1) & 3)) << 4);
+
   auto load_stage = [&](int stage, int kt) {
     const int k0 = kt * kBK;
     const uint32_t xs = xs_base + stage * C::kXStage;
     const uint32_t ps = ps_base + stage * C::kPStage;
     if constexpr (kFast) {
-      const T* xg = static_cast<const T*>(p.x);
-      const T* pg = static_cast<const T*>(p.planes);
-      // x: thread owns chunk q (channels k0+2q, +1) of rows r0 + i * (NTHR / 16); the row step is
-      // even, so all its rows share one swizzle.
-      const int q = tid & 15, r0 = tid >> 4;
-      const int kq = k0 + 2 * q;
-      const bool k_ok = kq < c;  // c even: the chunk is all in or all out
-      // Rolled loops with running pointers: unrolled, the per-row addresses stay live across
-      // the main loop and cost ~24 registers the accumulators need.
-      const int64_t x_step = static_cast<int64_t>(NTHR / 16) * c * 4;
-      const T* src = xg + ((m0 + r0) * static_cast<int64_t>(c) + kq) * 4;
-      int64_t row = m0 + r0;
-      uint32_t dst = xs + r0 * kXRowBytes + ((q ^ ((r0 & 1) << 2)) << 4);
-#pragma unroll 1
-      for (int i = 0; i < BM * 16 / NTHR; ++i) {
-        const bool ok = k_ok && row < M;
-        cp_async16(dst, ok ? src : xg, ok ? 16 : 0);
-        src += x_step;
-        row += NTHR / 16;
-        dst += (NTHR / 16) * kXRowBytes;
-      }
-      // planes: thread owns chunk q (channels k0+8q..+7) of rows pr0 + i * (NTHR / 4).
-      const int pq = tid & 3, pr0 = tid >> 2;
-      const int kp = k0 + 8 * pq;
-      const bool kp_ok = kp < c;  // c % 8 == 0
-#pragma unroll 1
-      for (int i = 0; i < 16 * BN / NTHR; ++i) {
-        const int rr = pr0 + i * (NTHR / 4);
-        const int pl = rr / BN, n = rr % BN;
-        const bool ok = kp_ok && (n0 + n < d);
-        const T* psrc = ok ? pg + (static_cast<int64_t>(pl) * d + n0 + n) * c + kp : pg;
-        cp_async16(ps + rr * kPRowBytes + ((pq ^ ((rr >> 1) & 3)) << 4), psrc, ok ? 16 : 0);
-      }
+      const bool xk = k0 + 2 * xq < c;  // c even: a 2-channel chunk is all in or all out
+      const T* src = xrow + static_cast<int64_t>(k0) * 4;
+#pragma unroll
+      for (int i = 0; i < XROWS; ++i, src += x_step)
+        cp_async16_zfill(xs + x_dst + i * XSTEP * kXRowBytes, src, xg,
+                         xk && ((xmask >> i) & 1));
+      const bool pk = k0 + 8 * pq < c;  // c % 8 == 0
+#pragma unroll
+      for (int pl = 0; pl < 4; ++pl)
+#pragma unroll
+        for (int j = 0; j < PROWS; ++j)
+          cp_async16_zfill(ps + p_dst + (pl * BN + j * PSTEP) * kPRowBytes,
+                           prow + pl * p_plane + j * p_step + k0, pg, pk && ((pmask >> j) & 1));
     } else {
-      // Unaligned rows: element-wise loads (coalesced across the block), zeros past the edges.
-      const unsigned short* xg = static_cast<const unsigned short*>(p.x);
-      const unsigned short* pg = static_cast<const unsigned short*>(p.planes);
+      // Rows not 16-byte aligned. x: one channel (4 values, 8 bytes) per copy when x is 8-byte
+      // aligned (rows are 8c bytes), else 2-byte loads. Zeros past the edges.
+      const unsigned short* xg16 = static_cast<const unsigned short*>(p.x);
+      if (p.x_align8) {
 #pragma unroll 4
-      for (int i = 0; i < BM * kBK * 4 / NTHR; ++i) {
-        const int e = tid + i * NTHR;
-        const int r = e / (kBK * 4), j = e % (kBK * 4);  // j = channel * 4 + g within the row
-        const int ch = k0 + j / 4;
-        unsigned short v = 0;
-        if (m0 + r < M && ch < c) v = __ldg(xg + (m0 + r) * (static_cast<int64_t>(c) * 4) + ch * 4 + (j & 3));
-        const uint32_t dst = xs + r * kXRowBytes + (((j >> 3) ^ ((r & 1) << 2)) << 4) + (j & 7) * 2;
-        asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(dst), "h"(v));
+        for (int i = 0; i < BM * kBK / NTHR; ++i) {
+          const int e = tid + i * NTHR;
+          const int r = e / kBK, ch = e % kBK;
+          const bool ok = m0 + r < M && k0 + ch < c;
+          const unsigned short* src = ok ? xg16 + ((m0 + r) * static_cast<int64_t>(c) + k0 + ch) * 4 : xg16;
+          const uint32_t dst = xs + r * kXRowBytes + (((ch >> 1) ^ ((r & 1) << 2)) << 4) + (ch & 1) * 8;
+          cp_async8(dst, src, ok ? 8 : 0);
+        }
+      } else {
+#pragma unroll 8
+        for (int i = 0; i < BM * kBK * 4 / NTHR; ++i) {
+          const int e = tid + i * NTHR;
+          const int r = e / (kBK * 4), j = e % (kBK * 4);  // j = channel * 4 + g within the row
+          const int ch = k0 + j / 4;
+          unsigned short v = 0;
+          if (m0 + r < M && ch < c) v = __ldg(xg16 + ((m0 + r) * static_cast<int64_t>(c) + ch) * 4 + (j & 3));
+          const uint32_t dst = xs + r * kXRowBytes + (((j >> 3) ^ ((r & 1) << 2)) << 4) + (j & 7) * 2;
+          asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(dst), "h"(v));
+        }
       }
-#pragma unroll 4
-      for (int i = 0; i < 4 * BN * kBK / NTHR; ++i) {
-        const int e = tid + i * NTHR;
-        const int rr = e / kBK, k = e % kBK;
-        const int pl = rr / BN, n = rr % BN;
-        unsigned short v = 0;
-        if (n0 + n < d && k0 + k < c) v = __ldg(pg + (static_cast<int64_t>(pl) * d + n0 + n) * c + k0 + k);
-        const uint32_t dst = ps + rr * kPRowBytes + (((k >> 3) ^ ((rr >> 1) & 3)) << 4) + (k & 7) * 2;
-        asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(dst), "h"(v));
-      }
+      // planes: the fast path's chunks (8 channels), gathered with 2-byte loads (rows are only
+      // 2-byte aligned for odd c) and written with one 16-byte store.
+      const int kp = k0 + 8 * pq;
+#pragma unroll
+      for (int pl = 0; pl < 4; ++pl)
+#pragma unroll
+        for (int j = 0; j < PROWS; ++j) {
+          const unsigned short* src =
+              reinterpret_cast<const unsigned short*>(prow) + pl * p_plane + j * p_step + k0;
+          uint32_t w[4] = {0u, 0u, 0u, 0u};
+          if (((pmask >> j) & 1) && kp < c) {
+            const bool full = kp + 8 <= c;
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+              if (full || kp + e < c) w[e >> 1] |= static_cast<uint32_t>(__ldg(src + e)) << (16 * (e & 1));
+          }
+          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                           ps + p_dst + (pl * BN + j * PSTEP) * kPRowBytes),
+                       "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]));
+        }
     }
   };
 
@@ -298,8 +345,22 @@ eq_linear_fwd_mma_kernel(const KParams p) {
   const int b_n = ((lane >> 4) << 3) + (lane & 7);
   const int b_sw = ((lane & 7) >> 1) & 3;
   const uint32_t b_row = (warp_n * C::kWN + b_n) * kPRowBytes;
-  const uint32_t b_off0 = b_row + (((((lane >> 3) & 1)) ^ b_sw) << 4);
-  const uint32_t b_off1 = b_row + ((((((lane >> 3) & 1)) | 2) ^ b_sw) << 4);
+  const uint32_t b_off0 = b_row + ((((lane >> 3) & 1) ^ b_sw) << 4);
+  const uint32_t b_off1 = b_row + (((((lane >> 3) & 1) | 2) ^ b_sw) << 4);
+
+  // A fragments of one k16 step: raw x (one LDS.128 per row and k pair) -> four planes.
+  auto load_a = [&](uint32_t xs, int ks, uint32_t (&fa)[MT][4][4]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)  // k half: regs 0/1 lo, 2/3 hi
+#pragma unroll
+        for (int r8 = 0; r8 < 2; ++r8) {  // rows gid, gid + 8
+          const uint32_t addr = xs + (h ? a_hi : a_lo) + (mt * 16 + r8 * 8) * kXRowBytes + ks * 128;
+          const int reg = 2 * h + r8;
+          xform<T>(lds128(addr), fa[mt][0][reg], fa[mt][1][reg], fa[mt][2][reg], fa[mt][3][reg]);
+        }
+  };
 
   float acc[4][MT][NT][4];  // sets: 0 = a0, 1 = a2, 2 = aR, 3 = aI
 #pragma unroll
@@ -311,76 +372,88 @@ eq_linear_fwd_mma_kernel(const KParams p) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[s][i][j][r] = 0.f;
 
+  // B fragments from ldmatrix; six mma per (m16, n8) tile. Issue order: the first aR / aI terms
+  // of both n8 tiles, then a0, a2, then the second aR / aI terms, so each accumulator's two
+  // dependent mma are 8 mma apart.
+  auto mma_step = [&](uint32_t ps, int ks, const uint32_t (&fa)[MT][4][4]) {
+    const uint32_t bb = ps + (ks ? b_off1 : b_off0);
+#pragma unroll
+    for (int jp = 0; jp < NT / 2; ++jp) {
+      uint32_t fb[4][4];  // [P0, PR, PI, P2][b0, b1 of n8 tile 2jp, b0, b1 of tile 2jp+1]
+#pragma unroll
+      for (int pl = 0; pl < 4; ++pl) ldsm_x4(fb[pl], bb + (pl * BN + jp * 16) * kPRowBytes);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        uint32_t af[5][4];  // F0, FR, FI, F2, -FI (sign bits of both halves flipped)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+#pragma unroll
+          for (int f = 0; f < 4; ++f) af[f][r] = fa[mt][f][r];
+          af[4][r] = fa[mt][2][r] ^ 0x80008000u;
+        }
+        // {accumulator set, A operand, B plane}: aR += FR PR, aI += FR PI, a0 += F0 P0,
+        // a2 += F2 P2, aR += (-FI) PI, aI += FI PR.
+        constexpr int kTerms[6][3] = {{2, 1, 1}, {3, 1, 2}, {0, 0, 0}, {1, 3, 3}, {2, 4, 2}, {3, 2, 1}};
+#pragma unroll
+        for (int t = 0; t < 6; ++t)
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            const int set = kTerms[t][0], op = kTerms[t][1], pl = kTerms[t][2];
+            Elem<T>::mma(acc[set][mt][2 * jp + jj], af[op], fb[pl][2 * jj], fb[pl][2 * jj + 1]);
+          }
+      }
+    }
+  };
+
+  // ---- main loop ----
+  // Stage s holds k tile s (mod STAGES). The barrier sits before the last k16 step of a tile:
+  // after it the next tile's A fragments are built and the refill of the stage freed by the
+  // previous tile is issued, both overlapping that step's mma (no cold start per tile).
   const int KT = p.k_tiles;
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < KT) load_stage(s, s);
     cp_async_commit();
   }
+  constexpr int KS = kBK / 16;
+  static_assert(STAGES >= 3, "the refill of tile kt-1's stage runs while tile kt+1 is read");
+  static_assert(KS % 2 == 0, "A double buffer parity must repeat per tile");
+  uint32_t fa[2][MT][4][4];
+  cp_async_wait<STAGES - 2>();
+  __syncthreads();
+  if (KT > 0) load_a(xs_base, 0, fa[0]);
 
   int rd_stage = 0, wr_stage = STAGES - 1;
   for (int kt = 0; kt < KT; ++kt) {
-    // Tile kt has landed (own copies: wait_group; everyone's: the barrier), and every warp is
-    // done with tile kt-1, whose stage the loads below overwrite.
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    if (kt + STAGES - 1 < KT) load_stage(wr_stage, kt + STAGES - 1);
-    cp_async_commit();  // possibly empty: keeps the group count in step with kt
-    wr_stage = (wr_stage + 1 == STAGES) ? 0 : wr_stage + 1;
-
     const uint32_t xs = xs_base + rd_stage * C::kXStage;
     const uint32_t ps = ps_base + rd_stage * C::kPStage;
     rd_stage = (rd_stage + 1 == STAGES) ? 0 : rd_stage + 1;
-
 #pragma unroll
-    for (int ks = 0; ks < kBK / 16; ++ks) {
-      uint32_t fa[MT][4][4];  // [m16 tile][F0, FR, FI, F2][A reg]
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h)  // k half: regs 0/1 lo, 2/3 hi
-#pragma unroll
-          for (int r8 = 0; r8 < 2; ++r8) {  // rows gid, gid + 8
-            const uint32_t addr =
-                xs + (h ? a_hi : a_lo) + (mt * 16 + r8 * 8) * kXRowBytes + ks * 128;
-            const int reg = 2 * h + r8;
-            xform<T>(lds128(addr), fa[mt][0][reg], fa[mt][1][reg], fa[mt][2][reg],
-                     fa[mt][3][reg]);
-          }
+    for (int ks = 0; ks < KS; ++ks) {
+      if (ks + 1 < KS) {
+        load_a(xs, ks + 1, fa[(ks + 1) & 1]);
+      } else {
+        // Tile kt+1 has landed (own copies: of the STAGES-1+kt groups committed so far all but
+        // the newest STAGES-3 are complete; everyone's: the barrier), and every warp is done
+        // reading tile kt-1, whose stage is refilled here.
+        cp_async_wait<STAGES - 3>();
+        __syncthreads();
+        if (kt + STAGES - 1 < KT) load_stage(wr_stage, kt + STAGES - 1);
+        cp_async_commit();  // possibly empty: keeps the group count in step with kt
+        wr_stage = (wr_stage + 1 == STAGES) ? 0 : wr_stage + 1;
+        if (kt + 1 < KT) load_a(xs_base + rd_stage * C::kXStage, 0, fa[0]);
       }
-      const uint32_t bb = ps + (ks ? b_off1 : b_off0);
-#pragma unroll
-      for (int jp = 0; jp < NT / 2; ++jp) {
-        uint32_t fb[4][4];  // [P0, PR, PI, P2][b0, b1 of n8 tile 2jp, b0, b1 of tile 2jp+1]
-#pragma unroll
-        for (int pl = 0; pl < 4; ++pl) ldsm_x4(fb[pl], bb + (pl * BN + jp * 16) * kPRowBytes);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          uint32_t nfi[4];  // -FI: flip the sign bits of both halves
-#pragma unroll
-          for (int r = 0; r < 4; ++r) nfi[r] = fa[mt][2][r] ^ 0x80008000u;
-#pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            const int nt = 2 * jp + jj;
-            const uint32_t p0a = fb[0][2 * jj], p0b = fb[0][2 * jj + 1];
-            const uint32_t pra = fb[1][2 * jj], prb = fb[1][2 * jj + 1];
-            const uint32_t pia = fb[2][2 * jj], pib = fb[2][2 * jj + 1];
-            const uint32_t p2a = fb[3][2 * jj], p2b = fb[3][2 * jj + 1];
-            Elem<T>::mma(acc[0][mt][nt], fa[mt][0], p0a, p0b);  // a0 += F0 P0
-            Elem<T>::mma(acc[2][mt][nt], fa[mt][1], pra, prb);  // aR += FR PR
-            Elem<T>::mma(acc[3][mt][nt], fa[mt][1], pia, pib);  // aI += FR PI
-            Elem<T>::mma(acc[1][mt][nt], fa[mt][3], p2a, p2b);  // a2 += F2 P2
-            Elem<T>::mma(acc[2][mt][nt], nfi, pia, pib);        // aR -= FI PI
-            Elem<T>::mma(acc[3][mt][nt], fa[mt][2], pra, prb);  // aI += FI PR
-          }
-        }
-      }
+      mma_step(ps, ks, fa[ks & 1]);
     }
   }
   cp_async_wait<0>();  // nothing real is pending; drain the empty groups before exit
 
   // ---- epilogue: y[m][o][0..3] from (a0, a2, aR, aI), + bias ----
-  const float kSqrt2 = 1.41421356237309515f;
+  // With the halved prologue (a = a_header / 2): y0 = a0 + a2 + sqrt2 aR etc.; without it the
+  // header's y0 = (a0 + a2) / 2 + aR / sqrt2.
+  constexpr bool kHalve = Elem<T>::kHalve;
+  const float kA = kHalve ? 1.f : 0.5f;
+  const float kR = kHalve ? 1.41421356237309515f : 0.70710678118654752f;
   const T* bias = static_cast<const T*>(p.bias);
   T* y = static_cast<T*>(p.y);
 #pragma unroll
@@ -405,9 +478,9 @@ eq_linear_fwd_mma_kernel(const KParams p) {
           const int e = 2 * r8 + j;
           const float a0 = acc[0][mt][nt][e], a2 = acc[1][mt][nt][e];
           const float ar = acc[2][mt][nt][e], ai = acc[3][mt][nt][e];
-          const float s = a0 + a2 + bo[j], t = a0 - a2 + bo[j];
-          out[j][0] = Elem<T>::pack(fmaf(kSqrt2, ar, s), fmaf(-kSqrt2, ai, t));
-          out[j][1] = Elem<T>::pack(fmaf(-kSqrt2, ar, s), fmaf(kSqrt2, ai, t));
+          const float s = fmaf(kA, a0 + a2, bo[j]), t = fmaf(kA, a0 - a2, bo[j]);
+          out[j][0] = Elem<T>::pack(fmaf(kR, ar, s), fmaf(-kR, ai, t));
+          out[j][1] = Elem<T>::pack(fmaf(-kR, ar, s), fmaf(kR, ai, t));
         }
         T* dst = y + (row * d + o) * 4;
         if (p.y_vec16) {  // d even, so o + 1 < d too
@@ -468,6 +541,7 @@ cudaError_t eq_linear_fwd_mma(const FwdParams& p, cudaStream_t stream) {
   };
   kp.y_vec16 = (p.d % 2 == 0) && aligned(p.y, 16);
   kp.y_vec8 = aligned(p.y, 8);
+  kp.x_align8 = aligned(p.x, 8);
   const bool fast = (p.c % 8 == 0) && aligned(p.x, 16) && aligned(p.planes, 16);
 
   int dev = 0, num_sms = 0, smem_optin = 0, smem_sm = 0;
@@ -483,17 +557,20 @@ cudaError_t eq_linear_fwd_mma(const FwdParams& p, cudaStream_t stream) {
   const int64_t num_m_small = cdiv(p.M, CfgSmall::kBM);
   if (num_n_small > 65535 || num_m_small > 0x7fffffff) return cudaErrorInvalidConfiguration;
 
+  // Config choice, from H100 timings (M = 32768, C = D = 4c): two small blocks per SM hide each
+  // other's pipeline fill and epilogue and win up to c = 512; the large tile wins for long K
+  // (c = 2048: ~5-10%); c = 1024 is within noise for fp16 and ~3% better with small tiles in bf16.
+  // Where two small blocks do not fit on an SM (sm_80: 164 KB) the large tile is used whenever
+  // it fills the SMs once.
   if (fast && smem_optin >= CfgLarge3::kSmem) {
-    // Large tiles unless they leave SMs idle: compare waves, counting an SM's share of work per
-    // wave as equal for one large block or two small ones (one small block does half).
     const int64_t num_m_large = cdiv(p.M, CfgLarge3::kBM);
     const int64_t tiles_large = num_m_large * num_n_small;
-    const int small_per_sm = smem_sm >= 2 * (CfgSmall::kSmem + 1024) ? 2 : 1;
-    const double t_large = static_cast<double>(cdiv(tiles_large, num_sms));
-    const double t_small = static_cast<double>(cdiv(num_m_small * num_n_small,
-                                                    static_cast<int64_t>(num_sms) * small_per_sm)) *
-                           (small_per_sm == 2 ? 1.0 : 0.5);
-    if (t_large <= t_small) {
+    const int64_t tiles_small = num_m_small * num_n_small;
+    const bool two_small = smem_sm >= 2 * (CfgSmall::kSmem + 1024);  // + per-block reserve
+    const bool large = two_small ? (p.c >= Elem<T>::kLargeMinC && cdiv(tiles_large, num_sms) <=
+                                                       cdiv(tiles_small, 2 * int64_t{num_sms}))
+                                 : tiles_large >= num_sms;
+    if (large) {
       if (smem_optin >= CfgLarge4::kSmem)
         return launch<T, CfgLarge4, true>(kp, num_m_large, num_n_small, stream);
       return launch<T, CfgLarge3, true>(kp, num_m_large, num_n_small, stream);

@@ -17,25 +17,10 @@ map one to one between the two parametrisations.
 from __future__ import annotations
 
 import math
-from functools import cache
 
 import torch
 
 __all__ = ["dft_basis", "plane_kinds", "naive_to_planes", "planes_to_naive"]
-
-
-@cache
-def _basis_f64(group_size: int) -> torch.Tensor:
-    T = group_size
-    s = torch.arange(T, dtype=torch.float64)
-    rows = [torch.full((T,), 1.0 / math.sqrt(T), dtype=torch.float64)]
-    for k in range(1, (T + 1) // 2):
-        angle = 2.0 * math.pi * k * s / T
-        rows.append(math.sqrt(2.0 / T) * torch.cos(angle))
-        rows.append(math.sqrt(2.0 / T) * torch.sin(angle))
-    if T % 2 == 0 and T > 1:
-        rows.append((-1.0) ** s / math.sqrt(T))
-    return torch.stack(rows)
 
 
 def check_group_size(group_size) -> int:
@@ -47,8 +32,21 @@ def check_group_size(group_size) -> int:
 
 
 def dft_basis(group_size: int, dtype=torch.float64, device=None) -> torch.Tensor:
-    """The orthogonal real DFT matrix ``Q`` of shape (T, T), rows in plane order."""
-    return _basis_f64(check_group_size(group_size)).to(dtype=dtype, device=device)
+    """The orthogonal real DFT matrix ``Q`` of shape (T, T), rows in plane order.
+
+    Built with device-side ops only (no host-to-device copy), so it works under CUDA graph
+    capture, fake tensors and torch.compile. Computed in float64 (float32 on MPS), then cast.
+    """
+    T = check_group_size(group_size)
+    work = torch.float32 if torch.device(device or "cpu").type == "mps" else torch.float64
+    j = torch.arange(T, dtype=work, device=device)
+    k = torch.floor((j + 1) / 2)  # row j holds frequency (j+1)//2: cos for odd j, sin for even j > 0
+    angle = (2 * math.pi / T) * k[:, None] * j[None, :]
+    is_sin = (torch.remainder(j, 2) == 0) & (j > 0)
+    rows = torch.where(is_sin[:, None], torch.sin(angle), torch.cos(angle))
+    is_real = (j == 0) | ((T % 2 == 0) & (j == T - 1))  # k = 0 and k = T/2 are not paired
+    scale = torch.full_like(j, math.sqrt(2.0 / T)).masked_fill(is_real, 1.0 / math.sqrt(T))
+    return (rows * scale[:, None]).to(dtype)
 
 
 def plane_kinds(group_size: int) -> list[tuple[str, int]]:

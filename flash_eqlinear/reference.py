@@ -157,13 +157,10 @@ def fourier_eq_linear(x, planes, bias=None, group_size: int = 4) -> torch.Tensor
 
 def adjoint_planes(planes: torch.Tensor) -> torch.Tensor:
     """Planes ``(T, c, d)`` of the adjoint map (used for grad_x): transposed, imaginary parts negated."""
-    T = planes.shape[0]
-    sign = torch.tensor(
-        [-1.0 if kind == "im" else 1.0 for kind, _ in plane_kinds(T)],
-        dtype=planes.dtype,
-        device=planes.device,
+    kinds = plane_kinds(planes.shape[0])  # no sign tensor: keeps graph capture / fake mode happy
+    return torch.stack(
+        [-p if kind == "im" else p for p, (kind, _) in zip(planes.transpose(1, 2), kinds, strict=True)]
     )
-    return planes.transpose(1, 2) * sign[:, None, None]
 
 
 def fourier_eq_linear_backward(grad_y, x, planes, needs=(True, True, True)):
