@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 from pathlib import Path
@@ -13,6 +14,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def git_commit() -> str:
+    """HEAD's short hash (``-dirty`` with local changes); FLASH_EQLINEAR_COMMIT overrides it where
+    the tree is a copy without .git."""
+    if os.environ.get("FLASH_EQLINEAR_COMMIT"):
+        return os.environ["FLASH_EQLINEAR_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"],

@@ -12,11 +12,22 @@
 namespace flash_eqlinear {
 namespace {
 
+// Error messages are built from std::string pieces only: some toolchains link a private static
+// libstdc++ into the extension whose iostream number formatting crashes (uninitialised locale),
+// so integers and shapes are formatted with std::to_string instead of being streamed.
+std::string num(int64_t v) { return std::to_string(v); }
+
+std::string shape(at::IntArrayRef sizes) {
+  std::string s = "(";
+  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
+  return s + (sizes.size() == 1 ? ",)" : ")");
+}
+
 void check_device_supported(const at::Tensor& t) {
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(t.get_device());
   TORCH_CHECK(prop->major >= 8,
               "flash_eqlinear kernels need compute capability >= 8.0 (Ampere or newer); device ",
-              t.get_device(), " (", prop->name, ") is sm_", prop->major, prop->minor,
+              num(t.get_device()), " (", prop->name, ") is sm_", num(prop->major), num(prop->minor),
               ". Set FLASH_EQLINEAR_BACKEND=reference to use the pure-PyTorch path.");
 }
 
@@ -24,30 +35,30 @@ void check_device_supported(const at::Tensor& t) {
 at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
                          const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.is_cuda() && planes.is_cuda(), "eq_linear_fwd: x and planes must be CUDA tensors, got ",
-              x.device(), " and ", planes.device());
-  TORCH_CHECK(x.device() == planes.device(), "eq_linear_fwd: x is on ", x.device(), " but planes on ",
-              planes.device());
-  TORCH_CHECK(x.dim() == 2, "eq_linear_fwd: x must be 2-D (M, 4c), got ", x.sizes());
+              x.device().str(), " and ", planes.device().str());
+  TORCH_CHECK(x.device() == planes.device(), "eq_linear_fwd: x is on ", x.device().str(), " but planes on ",
+              planes.device().str());
+  TORCH_CHECK(x.dim() == 2, "eq_linear_fwd: x must be 2-D (M, 4c), got ", shape(x.sizes()));
   TORCH_CHECK(planes.dim() == 3 && planes.size(0) == 4,
-              "eq_linear_fwd: planes must have shape (4, d, c), got ", planes.sizes());
+              "eq_linear_fwd: planes must have shape (4, d, c), got ", shape(planes.sizes()));
   const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
-  TORCH_CHECK(c >= 1 && d >= 1, "eq_linear_fwd: c and d must be >= 1, got planes ", planes.sizes());
-  TORCH_CHECK(x.size(1) == 4 * c, "eq_linear_fwd: x has ", x.size(1), " features but planes ",
-              planes.sizes(), " expect 4*c = ", 4 * c);
+  TORCH_CHECK(c >= 1 && d >= 1, "eq_linear_fwd: c and d must be >= 1, got planes ", shape(planes.sizes()));
+  TORCH_CHECK(x.size(1) == 4 * c, "eq_linear_fwd: x has ", num(x.size(1)), " features but planes ",
+              shape(planes.sizes()), " expect 4*c = ", num(4 * c));
   const auto dtype = x.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
-              "eq_linear_fwd: dtype must be float32, float16 or bfloat16, got ", dtype);
-  TORCH_CHECK(planes.scalar_type() == dtype, "eq_linear_fwd: planes dtype ", planes.scalar_type(),
-              " does not match x dtype ", dtype);
+              "eq_linear_fwd: dtype must be float32, float16 or bfloat16, got ", c10::toString(dtype));
+  TORCH_CHECK(planes.scalar_type() == dtype, "eq_linear_fwd: planes dtype ", c10::toString(planes.scalar_type()),
+              " does not match x dtype ", c10::toString(dtype));
   at::Tensor b;
   if (bias.has_value()) {
     b = bias->contiguous();
-    TORCH_CHECK(b.device() == x.device(), "eq_linear_fwd: bias is on ", b.device(), " but x on ",
-                x.device());
-    TORCH_CHECK(b.dim() == 1 && b.size(0) == d, "eq_linear_fwd: bias must have shape (", d,
-                "), got ", b.sizes());
-    TORCH_CHECK(b.scalar_type() == dtype, "eq_linear_fwd: bias dtype ", b.scalar_type(),
-                " does not match x dtype ", dtype);
+    TORCH_CHECK(b.device() == x.device(), "eq_linear_fwd: bias is on ", b.device().str(), " but x on ",
+                x.device().str());
+    TORCH_CHECK(b.dim() == 1 && b.size(0) == d, "eq_linear_fwd: bias must have shape (", num(d),
+                "), got ", shape(b.sizes()));
+    TORCH_CHECK(b.scalar_type() == dtype, "eq_linear_fwd: bias dtype ", c10::toString(b.scalar_type()),
+                " does not match x dtype ", c10::toString(dtype));
   }
   check_device_supported(x);
   const at::cuda::CUDAGuard guard(x.device());
@@ -63,8 +74,8 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
     case at::kHalf: err = eq_linear_fwd_fp16(p, stream); break;
     default: err = eq_linear_fwd_bf16(p, stream); break;
   }
-  TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: kernel launch failed (M=", M, ", c=", c, ", d=", d,
-              ", ", dtype, "): ", cudaGetErrorString(err));
+  TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: kernel launch failed (M=", num(M), ", c=", num(c), ", d=", num(d),
+              ", ", c10::toString(dtype), "): ", cudaGetErrorString(err));
   return y;
 }
 
