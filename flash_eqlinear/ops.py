@@ -72,8 +72,16 @@ if kernels_available():
 
     def _backward(ctx, grad_y):
         x, planes = ctx.saved_tensors
-        needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
-        gx, gp, gb = reference.fourier_eq_linear_backward(grad_y, x, planes, needs)
+        needs_x, needs_p = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        needs_b = ctx.has_bias and ctx.needs_input_grad[2]
+        gx = None
+        if needs_x:
+            # grad_x is the forward map with the adjoint planes (transposed, Im negated): the
+            # fused kernel runs it; the (4, c, d) adjoint is a weight-sized copy.
+            adj = reference.adjoint_planes(planes).contiguous()
+            gx = torch.ops.flash_eqlinear.eq_linear_fwd(grad_y.contiguous(), adj, None)
+        # grad_planes / grad_bias: closed-form reference reductions until fused kernels exist.
+        _, gp, gb = reference.fourier_eq_linear_backward(grad_y, x, planes, (False, needs_p, needs_b))
         return gx, gp, gb
 
     torch.library.register_autograd("flash_eqlinear::eq_linear_fwd", _backward, setup_context=_setup_context)
