@@ -108,10 +108,16 @@ def naive_eq_linear(x, w, bias=None, group_size: int = 4) -> torch.Tensor:
     return F.linear(x, dense_weight(w), b)
 
 
-def _analysis(v: torch.Tensor, T: int) -> torch.Tensor:
-    """(M, n, T) group values -> (T, M, n) orthonormal frequency coordinates, plane order."""
-    Q = dft_basis(T, dtype=v.dtype, device=v.device)
-    return torch.matmul(v, Q.t()).permute(2, 0, 1)
+def _analysis(v: torch.Tensor, T: int, scale: list[float] | None = None) -> torch.Tensor:
+    """(M, n, T) group values -> (T, M, n) orthonormal frequency coordinates, plane order.
+
+    ``scale`` multiplies coordinate j by ``scale[j]`` inside the transform (no extra rounding).
+    """
+    work = torch.float32 if v.device.type == "mps" else torch.float64
+    Q = dft_basis(T, dtype=work, device=v.device)
+    if scale is not None:  # Python-float scaling: no host-to-device copy (graph capture, fake mode)
+        Q = torch.stack([Q[j] * scale[j] for j in range(T)])
+    return torch.matmul(v, Q.to(v.dtype).t()).permute(2, 0, 1)
 
 
 def _synthesis(vf: torch.Tensor, T: int) -> torch.Tensor:
@@ -176,18 +182,21 @@ def fourier_eq_linear_backward(grad_y, x, planes, needs=(True, True, True)):
     g = grad_y.reshape(-1, d, T)
     if needs[1]:
         gf = _analysis(g, T)
-        xf = _analysis(x.reshape(-1, c, T), T)
+        # Fold the per-frequency scale into x's transform and reduce each complex pair with one
+        # product over 2M rows: one rounding per operand and one per output in low precision.
         kinds = plane_kinds(T)
+        scale = [math.sqrt(T) if kind == "real" else math.sqrt(T / 2) for kind, _ in kinds]
+        xf = _analysis(x.reshape(-1, c, T), T, scale)
         grads = [None] * T
         j = 0
         while j < T:
             if kinds[j][0] == "real":
-                grads[j] = math.sqrt(T) * (gf[j].t() @ xf[j])
+                grads[j] = gf[j].t() @ xf[j]
                 j += 1
             else:
-                s = math.sqrt(T / 2)
-                grads[j] = s * (gf[j].t() @ xf[j] + gf[j + 1].t() @ xf[j + 1])
-                grads[j + 1] = s * (gf[j].t() @ xf[j + 1] - gf[j + 1].t() @ xf[j])
+                gpair = torch.cat([gf[j], gf[j + 1]], 0).t()  # (d, 2M)
+                grads[j] = gpair @ torch.cat([xf[j], xf[j + 1]], 0)
+                grads[j + 1] = gpair @ torch.cat([xf[j + 1], -xf[j]], 0)
                 j += 2
         gp = torch.stack(grads)
     if needs[2]:
