@@ -6,7 +6,9 @@ dense block-circulant weight), NaiveEQLinear (expansion + F.linear), the referen
 over F.linear; and a precision table against float64. All timings in one run, CUDA graphs of
 rotated inputs (several times L2), medians of CUDA-event samples.
 
-Usage: python benchmarks/bench_op.py [--dtypes fp32,fp16,bf16] [--cs 16,32,...] [--out NAME.json]
+Usage: python benchmarks/bench_op.py [--direction fwd|bwd] [--dtypes fp32,fp16,bf16] [--cs 16,...]
+The backward mode times all three gradients (autograd.grad over retained graphs, no CUDA graphs)
+and reports the worst gradient's relative error in its table (all three in the JSON).
 Then: python benchmarks/plot.py benchmarks/results/NAME.json
 """
 
@@ -105,6 +107,71 @@ def run_case(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int) ->
     return row
 
 
+def run_case_bwd(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int) -> dict:
+    """Backward (grad input + grad weight + grad bias) of the four implementations."""
+    dt = DTYPES[dtype_name]
+    C = D = 4 * c
+    g = torch.Generator(device="cuda").manual_seed(c)
+    planes = (torch.randn(4, c, c, device="cuda", generator=g) / C**0.5).to(dt).requires_grad_()
+    bias = (torch.randn(c, device="cuda", generator=g) * 0.1).to(dt).requires_grad_()
+    w = fe.planes_to_naive(planes.detach().double())
+    W = reference.dense_weight(w).to(dt).requires_grad_()
+    B = bias.detach().repeat_interleave(4).requires_grad_()
+    naive = fe.NaiveEQLinear(C, D, device="cuda", dtype=dt)
+    with torch.no_grad():
+        naive.weight.copy_(w.to(dt))
+        naive.bias.copy_(bias)
+    elt = torch.finfo(dt).bits // 8
+    nb = n_buffers(3 * M * C * elt)
+    xs = [torch.randn(M, C, device="cuda", generator=g).to(dt) for _ in range(nb)]
+    gy = torch.randn(M, D, device="cuda", generator=g).to(dt)
+    impls = {
+        "F.linear": (lambda x: F.linear(x, W, B), (W, B)),
+        "naive": (naive, (naive.weight, naive.bias)),
+        "fourier_ref": (lambda x: reference.fourier_eq_linear(x, planes, bias, 4), (planes, bias)),
+        "flash": (lambda x: fe.flash_eq_linear(x, planes, bias, 4), (planes, bias)),
+    }
+    row = {"dtype": dtype_name, "c": c, "C": C, "D": D, "M": M, "buffers": nb, "direction": "bwd"}
+    dense_flops = 4 * M * C * D  # grad input + grad weight
+    our_flops = dense_flops * 6 / 16
+    peak = ceilings[f"{dtype_name}_tflops"]
+    row["floor_compute_ms"] = our_flops / (peak * 1e9)
+    row["floor_memory_ms"] = (3 * M * C + 8 * c * c) * elt / (ceilings["copy_tbps"] * 1e9)
+    row["floor_ms"] = max(row["floor_compute_ms"], row["floor_memory_ms"])
+    for name, (fn, params) in impls.items():
+        graphs = []
+        for x in xs:  # one retained autograd graph per input buffer; only backward is timed
+            xl = x.detach().requires_grad_()
+            graphs.append((fn(xl), (xl, *params)))
+        ms = bench(lambda y, inputs: torch.autograd.grad(y, inputs, gy, retain_graph=True), graphs, 0.3)
+        flops = dense_flops if name in ("F.linear", "naive") else our_flops
+        row[name] = {"ms": ms, "tflops": flops / ms / 1e9, "pct_peak": 100 * flops / ms / 1e9 / peak}
+        del graphs
+    for name in impls:
+        row[name]["speedup_vs_linear"] = row["F.linear"]["ms"] / row[name]["ms"]
+    row["flash"]["pct_of_floor"] = 100 * row["floor_ms"] / row["flash"]["ms"]
+
+    x = xs[0][:prec_rows].detach()
+    g_rows = gy[:prec_rows]
+    x64, p64, b64 = (t.detach().double().requires_grad_() for t in (x, planes, bias))
+    ref = torch.autograd.grad(
+        reference.naive_eq_linear(x64, fe.planes_to_naive(p64), b64, 4), (x64, p64, b64), g_rows.double()
+    )
+    xl = x.clone().requires_grad_()
+    ours = torch.autograd.grad(fe.flash_eq_linear(xl, planes, bias, 4), (xl, planes, bias), g_rows)
+    W64, B64 = W.detach().double().requires_grad_(), B.detach().double().requires_grad_()
+    xd = x.double().requires_grad_()
+    lin_ref = torch.autograd.grad(F.linear(xd, W64, B64), (xd, W64, B64), g_rows.double())
+    xl = x.clone().requires_grad_()
+    lin = torch.autograd.grad(F.linear(xl, W, B), (xl, W, B), g_rows)
+    names = ("grad_x", "grad_w", "grad_b")
+    row["precision"] = {
+        "flash": {n: precision(a, r) for n, a, r in zip(names, ours, ref, strict=True)},
+        "F.linear": {n: precision(a, r) for n, a, r in zip(names, lin, lin_ref, strict=True)},
+    }
+    return row
+
+
 def markdown(rows, ceilings, env) -> str:
     lines = [
         f"GPU {env['gpu']}, torch {env['torch']}, commit {env['commit']}; ceilings: "
@@ -116,6 +183,8 @@ def markdown(rows, ceilings, env) -> str:
     ]
     for r in rows:
         p = r["precision"]
+        if "grad_x" in p["flash"]:  # backward rows: worst of the three gradients
+            p = {k: {"rel_l2": max(v["rel_l2"] for v in p[k].values())} for k in p}
         lines.append(
             f"| {r['dtype']} | {r['c']} | {r['C']} | {r['F.linear']['ms']:.4f} | {r['naive']['ms']:.4f} | "
             f"{r['fourier_ref']['ms']:.4f} | {r['flash']['ms']:.4f} | {r['flash']['tflops']:.1f} "
@@ -133,6 +202,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--prec-rows", type=int, default=4096)
+    ap.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
     ap.add_argument("--out", default=None, help="JSON file name under benchmarks/results/")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() or not fe.kernels_available():
@@ -146,7 +216,8 @@ def main(argv=None) -> int:
     rows = []
     for dn in args.dtypes.split(","):
         for c in map(int, args.cs.split(",")):
-            r = run_case(dn, c, M, ceilings, args.prec_rows)
+            case = run_case if args.direction == "fwd" else run_case_bwd
+            r = case(dn, c, M, ceilings, args.prec_rows)
             rows.append(r)
             fl, ref = r["flash"], r["fourier_ref"]
             print(
@@ -156,8 +227,9 @@ def main(argv=None) -> int:
                 flush=True,
             )
             torch.cuda.empty_cache()
-    payload = {"benchmark": "op_forward", "env": env, "ceilings": ceilings, "M": M, "rows": rows}
-    name = args.out or f"op_fwd_{env['gpu'].replace(' ', '_')}_{env['commit']}.json"
+    kind = {"fwd": "op_forward", "bwd": "op_backward"}[args.direction]
+    payload = {"benchmark": kind, "env": env, "ceilings": ceilings, "M": M, "rows": rows}
+    name = args.out or f"op_{args.direction}_{env['gpu'].replace(' ', '_')}_{env['commit']}.json"
     path = save_json(name, payload)
     table = markdown(rows, ceilings, env)
     path.with_suffix(".md").write_text(table + "\n")

@@ -221,3 +221,14 @@ def test_gradients_against_fp64(dtype):
         err = rel_l2(got, ref)
         tol = 1e-5 if dtype == torch.float32 else 2 * max(rel_l2(l, l64), ROUNDOFF[dtype] / 8)
         assert got.dtype == dtype and err <= tol, (err, tol)
+
+
+def test_main_entry_point_on_gpu():
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "flash_eqlinear", "--rows", "4096", "--channels", "512", "--iters", "3"]
+    for dtype in ("fp32", "bf16"):
+        res = subprocess.run([*args, "--dtype", dtype], capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "backend=cuda" in res.stdout and "OK" in res.stdout
