@@ -20,7 +20,7 @@ def _flag(name: str) -> bool:
 
 
 def _cuda_extension():
-    """(ext_modules, cmdclass), or ([], {}) with a printed reason when the build is skipped."""
+    """(ext_modules, cmdclass, None), or ([], {}, reason) when the CUDA build is skipped."""
     if _flag("FLASH_EQLINEAR_SKIP_CUDA_BUILD"):
         return [], {}, "FLASH_EQLINEAR_SKIP_CUDA_BUILD is set"
     try:

@@ -55,7 +55,7 @@ import flash_eqlinear as fe  # noqa: E402
 from flash_eqlinear.models import MODELS, SCALES, VARIANTS, is_linear_layer  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
-# Fraction of the dense multiply-adds a FlashEQLinear performs, by group size (DESIGN.md, p4).
+# Fraction of the dense multiply-adds a FlashEQLinear performs, by group size (6/16 for p4).
 FLASH_MAC_FRACTION = {4: 6 / 16}
 # Tiny configs for --dry-run (CPU): same code paths, seconds instead of minutes.
 DRY_CONFIGS = {

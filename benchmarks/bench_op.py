@@ -1,4 +1,4 @@
-"""Operator benchmark of the p4 EQ-Linear forward (the paper's Tables 1 and 4, on this GPU).
+"""Operator benchmark of the p4 EQ-Linear forward or backward.
 
 For M = B*N rows (default 32 x 1024), T = 4, C = D = 4c: forward latency of F.linear (cuBLAS, the
 dense block-circulant weight), NaiveEQLinear (expansion + F.linear), the reference Fourier path

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One GPU session: build, GPU tests, sanitizers, benchmarks; full logs under $OUT, short table last.
+# Build, GPU tests, compute-sanitizer, benchmarks on a CUDA machine; full logs under $OUT
+# (default /tmp/out), a short summary last.
 # Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-quick]   (default: all)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

@@ -1,4 +1,4 @@
-"""Plot a bench_op / bench_bwd JSON: speedup over F.linear vs c, one panel per dtype.
+"""Plot a bench_op JSON (either direction): speedup over F.linear vs c, one panel per dtype.
 
 Usage: python benchmarks/plot.py benchmarks/results/FILE.json [-o FILE.png]
 """

@@ -56,7 +56,7 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
     TORCH_CHECK(b.device() == x.device(), "eq_linear_fwd: bias is on ", b.device().str(), " but x on ",
                 x.device().str());
     TORCH_CHECK(b.dim() == 1 && b.size(0) == d, "eq_linear_fwd: bias must have shape (", num(d),
-                "), got ", shape(b.sizes()));
+                ",), got ", shape(b.sizes()));
     TORCH_CHECK(b.scalar_type() == dtype, "eq_linear_fwd: bias dtype ", c10::toString(b.scalar_type()),
                 " does not match x dtype ", c10::toString(dtype));
   }

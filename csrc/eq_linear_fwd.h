@@ -11,7 +11,7 @@
 //   y      (M, d, 4)  interleaved output.
 // All four tensors share one element type (float, __half or __nv_bfloat16); accumulation is FP32.
 //
-// Math (per row n, input channel ci, output channel o; see DESIGN section 1):
+// Math (per row n, input channel ci, output channel o; conventions in README 'Layout convention'):
 //   f0 = x0+x1+x2+x3   fR = x0-x2   fI = x3-x1   f2 = x0-x1+x2-x3
 //   a0 = f0 P0^T  a2 = f2 P2^T  aR = fR PR^T - fI PI^T  aI = fR PI^T + fI PR^T
 //   y0 = a0/2 + a2/2 + h aR   y1 = a0/2 - a2/2 - h aI

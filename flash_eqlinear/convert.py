@@ -41,15 +41,15 @@ def find_state_dict_key(ckpt, key: str | None = None):
         for k in CONTAINER_KEYS:
             if _is_state_dict(ckpt.get(k)):
                 return k
-        keys = list(ckpt)[:10] if isinstance(ckpt, dict) else type(ckpt).__name__
+        keys = list(ckpt)[:10]
         raise ValueError(f"no state_dict found in the checkpoint (top-level keys: {keys}); pass --key")
     raise ValueError(f"checkpoint is a {type(ckpt).__name__}, not a dict")
 
 
-def convert_checkpoint(ckpt, key: str | None = None):
-    """Return (converted checkpoint, names of the converted layers)."""
+def convert_checkpoint(ckpt, key: str | None = None, only=None):
+    """Return (converted checkpoint, names of the converted layers); ``only`` as in convert_state_dict."""
     where = find_state_dict_key(ckpt, key)
-    new, names = convert_state_dict_with_names(ckpt if where is None else ckpt[where])
+    new, names = convert_state_dict_with_names(ckpt if where is None else ckpt[where], only)
     if where is None:
         return new, names
     out = dict(ckpt)
@@ -62,6 +62,13 @@ def main(argv=None) -> int:
     ap.add_argument("input", help="checkpoint with naive EQ-Linear entries (.pth)")
     ap.add_argument("output", help="where to write the converted checkpoint")
     ap.add_argument("--key", default=None, help="key holding the state_dict (default: auto-detect)")
+    ap.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        metavar="LAYER",
+        help="convert only this layer (qualified name; repeat for several); default: every match",
+    )
     ap.add_argument(
         "--trust",
         action="store_true",
@@ -77,7 +84,7 @@ def main(argv=None) -> int:
         )
         return 2
     try:
-        out, names = convert_checkpoint(ckpt, args.key)
+        out, names = convert_checkpoint(ckpt, args.key, args.only)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

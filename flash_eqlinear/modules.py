@@ -10,7 +10,6 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from . import reference
 from .fourier import check_group_size, naive_to_planes, planes_to_naive
@@ -38,7 +37,7 @@ def _init_group_weight(d, c, T, device, dtype):
     bound = 1.0 / math.sqrt(c * T)  # kaiming_uniform(a=sqrt(5)) on fan_in = C, as nn.Linear
     w = torch.empty(d, c, T, device=device, dtype=torch.float32).uniform_(-bound, bound)
     b = torch.empty(d, device=device, dtype=torch.float32).uniform_(-bound, bound)
-    return w.to(dtype or torch.get_default_dtype()), b.to(dtype or torch.get_default_dtype())
+    return w.to(dtype), b.to(dtype)
 
 
 class _EQLinearBase(nn.Module):
@@ -57,7 +56,7 @@ class _EQLinearBase(nn.Module):
 
     def _from_group(self, w: torch.Tensor) -> torch.Tensor:
         """Group-domain weight (d, c, T) -> this layer's parameter layout."""
-        return _to_layout(w, naive_to_planes) if self._layout == "planes" else w
+        return _to_layout(w, "planes") if self._layout == "planes" else w
 
     def reset_parameters(self) -> None:
         w, b = _init_group_weight(self.d, self.c, self.group_size, self.weight.device, self.weight.dtype)
@@ -71,6 +70,25 @@ class _EQLinearBase(nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}, group_size={self.group_size}"
         )
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
+        # Accept the other layout (by metadata) and reference-style entries. A copy of the
+        # metadata: it is the caller's state_dict._metadata entry (loading twice must work).
+        meta = dict(local_metadata or {})
+        if not convert_layer_entries(state_dict, prefix, meta, self._layout, self.weight.dtype):
+            # No layout metadata (e.g. a hand-built dict): convert the other layout's weight only
+            # where its shape cannot be mistaken for this layer's.
+            w = state_dict.get(prefix + "weight")
+            T, c, d = self.group_size, self.c, self.d
+            other = (d, c, T) if self._layout == "planes" else (T, d, c)
+            if (
+                LAYOUT_KEY not in meta
+                and isinstance(w, torch.Tensor)
+                and tuple(w.shape) == other
+                and other != tuple(self.weight.shape)
+            ):
+                state_dict[prefix + "weight"] = _to_layout(w, self._layout, self.weight.dtype)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
 
     def dense_weight(self) -> torch.Tensor:
         """The (D, C) block-circulant matrix that F.linear would use."""
@@ -91,9 +109,11 @@ def _record_layout(module, state_dict, prefix, local_metadata):
     local_metadata[LAYOUT_KEY] = module._layout
 
 
-def _to_layout(w: torch.Tensor, convert) -> torch.Tensor:
-    """Convert in float64 (orthogonal map: no precision lost beyond the final cast)."""
-    return convert(w.detach().to(torch.float64)).to(w.dtype)
+def _to_layout(w: torch.Tensor, layout: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Convert a weight into ``layout`` ("planes" from group-domain, "group" from planes) in float64
+    (orthogonal map), rounding once to ``dtype`` (default: ``w``'s)."""
+    convert = naive_to_planes if layout == "planes" else planes_to_naive
+    return convert(w.detach().to(torch.float64)).to(dtype or w.dtype)
 
 
 class NaiveEQLinear(_EQLinearBase):
@@ -111,10 +131,7 @@ class NaiveEQLinear(_EQLinearBase):
         return self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x, w, bias = autocast_inputs(x, self.weight, self.bias)
-        reference.check_inputs(x, w, bias, self.group_size, "group")
-        b = None if bias is None else bias.repeat_interleave(self.group_size)
-        return F.linear(x, reference.dense_weight(w), b)
+        return reference.naive_eq_linear(*autocast_inputs(x, self.weight, self.bias), self.group_size)
 
 
 class FlashEQLinear(_EQLinearBase):
@@ -147,10 +164,16 @@ class FlashEQLinear(_EQLinearBase):
             raise TypeError(f"weight must be floating point, got {w.dtype}")
         d, c, T = w.shape
         if bias is not None:
+            if not isinstance(bias, torch.Tensor):
+                raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
             if bias.dim() == 2 and bias.shape[1] == 1:
                 bias = bias.reshape(-1)
             if tuple(bias.shape) != (d,):
                 raise ValueError(f"bias must have shape ({d},) or ({d}, 1), got {tuple(bias.shape)}")
+            if bias.dtype != w.dtype or bias.device != w.device:
+                raise RuntimeError(
+                    f"bias ({bias.dtype}, {bias.device}) must match weight ({w.dtype}, {w.device})"
+                )
         layer = cls(c * T, d * T, bias is not None, T, device=w.device, dtype=w.dtype)
         with torch.no_grad():
             layer.weight.copy_(layer._from_group(w))
@@ -195,43 +218,29 @@ class FlashEQLinear(_EQLinearBase):
         layer.weight.requires_grad_(linear.weight.requires_grad)
         return layer
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
-        # A copy: convert_layer_entries updates the metadata it is given, and local_metadata is the
-        # caller's state_dict._metadata entry (loading the same checkpoint twice must work).
-        if not convert_layer_entries(state_dict, prefix, dict(local_metadata or {})):
-            # No layout metadata (e.g. a hand-built dict): convert a NaiveEQLinear weight only
-            # where its shape cannot be mistaken for the planes'.
-            w = state_dict.get(prefix + "weight")
-            group_shape = (self.d, self.c, self.group_size)
-            if (
-                LAYOUT_KEY not in (local_metadata or {})
-                and isinstance(w, torch.Tensor)
-                and tuple(w.shape) == group_shape
-                and group_shape != tuple(self.weight.shape)
-            ):
-                state_dict[prefix + "weight"] = _to_layout(w, naive_to_planes)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
 
+def convert_layer_entries(state_dict, prefix: str, local_metadata, layout="planes", dtype=None) -> bool:
+    """Rewrite one layer's entries under ``prefix`` into ``layout`` ("planes": FlashEQLinear,
+    "group": NaiveEQLinear), in place, rounding once to ``dtype`` (default: the entry's).
 
-def convert_layer_entries(state_dict, prefix: str, local_metadata) -> bool:
-    """Rewrite one layer's naive entries under ``prefix`` into FlashEQLinear entries, in place.
-
-    Recognised: reference-style ``weights (d, 1, c, T)`` with optional ``c (d, 1)``; and
-    NaiveEQLinear's ``weight (d, c, T)`` when the metadata records its layout. Returns whether
-    anything was converted.
+    Recognised: reference-style ``weights (d, 1, c, T)`` with optional ``c (d, 1)``; and our
+    layers' ``weight`` whose metadata records the other layout. Returns whether anything changed.
     """
     wkey, bkey = prefix + "weights", prefix + "c"
     ref = state_dict.get(wkey)
     if isinstance(ref, torch.Tensor) and ref.dim() == 4 and ref.shape[1] == 1:
-        state_dict[prefix + "weight"] = _to_layout(ref.squeeze(1), naive_to_planes)
+        w = ref.squeeze(1)
+        state_dict[prefix + "weight"] = _to_layout(w, "planes", dtype) if layout == "planes" else w
         del state_dict[wkey]
         cb = state_dict.get(bkey)
         if isinstance(cb, torch.Tensor) and cb.dim() == 2 and cb.shape[1] == 1:
             state_dict[prefix + "bias"] = cb.reshape(-1)
             del state_dict[bkey]
+        local_metadata[LAYOUT_KEY] = layout
         return True
-    if (local_metadata or {}).get(LAYOUT_KEY) == "group" and prefix + "weight" in state_dict:
-        state_dict[prefix + "weight"] = _to_layout(state_dict[prefix + "weight"], naive_to_planes)
-        local_metadata[LAYOUT_KEY] = "planes"
+    stored = (local_metadata or {}).get(LAYOUT_KEY)
+    if stored in ("planes", "group") and stored != layout and prefix + "weight" in state_dict:
+        state_dict[prefix + "weight"] = _to_layout(state_dict[prefix + "weight"], layout, dtype)
+        local_metadata[LAYOUT_KEY] = layout
         return True
     return False

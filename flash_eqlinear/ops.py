@@ -61,8 +61,23 @@ if kernels_available():
 
     @torch.library.register_fake("flash_eqlinear::eq_linear_fwd")
     def _eq_linear_fwd_fake(x, planes, bias):
-        torch._check(x.dim() == 2 and planes.dim() == 3 and planes.shape[0] == 4)
-        torch._check(x.shape[1] == 4 * planes.shape[2])
+        # Mirrors the checks of the CUDA implementation (csrc/eq_linear_bindings.cpp).
+        torch._check(x.dim() == 2, lambda: f"eq_linear_fwd: x must be 2-D (M, 4c), got {tuple(x.shape)}")
+        torch._check(
+            planes.dim() == 3 and planes.shape[0] == 4,
+            lambda: f"eq_linear_fwd: planes must have shape (4, d, c), got {tuple(planes.shape)}",
+        )
+        torch._check(
+            x.shape[1] == 4 * planes.shape[2],
+            lambda: f"eq_linear_fwd: x has {x.shape[1]} features but planes {tuple(planes.shape)} expect 4*c",
+        )
+        torch._check(x.dtype in _KERNEL_DTYPES, lambda: f"eq_linear_fwd: unsupported dtype {x.dtype}")
+        torch._check(planes.dtype == x.dtype, lambda: "eq_linear_fwd: planes dtype does not match x dtype")
+        if bias is not None:
+            torch._check(
+                bias.dim() == 1 and bias.shape[0] == planes.shape[1] and bias.dtype == x.dtype,
+                lambda: f"eq_linear_fwd: bias must have shape ({planes.shape[1]},) and dtype {x.dtype}",
+            )
         return x.new_empty((x.shape[0], 4 * planes.shape[1]))
 
     def _setup_context(ctx, inputs, output):
@@ -88,15 +103,20 @@ if kernels_available():
 
 
 def autocast_inputs(x, weight, bias):
-    """Cast (x, weight, bias) as autocast would for nn.Linear (float64 is left alone)."""
-    if not (isinstance(x, torch.Tensor) and x.is_floating_point()) or x.dtype == torch.float64:
+    """Cast (x, weight, bias) as autocast would for nn.Linear: floating-point tensors other than
+    float64 go to the autocast dtype; anything else is left for the input checks to reject."""
+    if not isinstance(x, torch.Tensor):
         return x, weight, bias
     dev = x.device.type
-    if dev in ("cuda", "cpu") and torch.is_autocast_enabled(dev):
-        cast = torch.get_autocast_dtype(dev)
-        x, weight = x.to(cast), weight.to(cast)
-        bias = None if bias is None else bias.to(cast)
-    return x, weight, bias
+    if not (torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev)):
+        return x, weight, bias
+    cast = torch.get_autocast_dtype(dev)
+
+    def to(t):
+        eligible = isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+        return t.to(cast) if eligible else t
+
+    return to(x), to(weight), to(bias)
 
 
 def flash_eq_linear(x, weight, bias=None, group_size: int = 4) -> torch.Tensor:

@@ -7,7 +7,8 @@ fastest; output ``(..., D)`` with ``D = d*T``; bias ``(d,)`` shared by the T gro
   block-circulant ``(D, C)`` matrix ``W[(o,t),(ci,s)] = w[o, ci, (s-t) mod T]`` and calls F.linear.
 * :func:`fourier_eq_linear` takes the frequency planes ``(T, d, c)`` (see :mod:`.fourier`),
   transforms ``x`` along the group axis, does one small real (k = 0, T/2) or complex product per
-  frequency, and transforms back: ``ceil`` of about ``T^2/4`` of the dense MACs.
+  frequency, and transforms back: (2T-2)/T^2 of the dense MACs for even T, (2T-1)/T^2 for odd
+  T (6/16 for T = 4).
 * :func:`fourier_eq_linear_backward` gives the three gradients of the Fourier path in closed form
   (the same structure as the forward), used as the backward of the fused kernels.
 """

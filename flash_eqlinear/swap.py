@@ -79,18 +79,21 @@ def swap_eq_linear(model: nn.Module, include=None) -> list[str]:
     return [name for name, _ in targets]
 
 
-def convert_state_dict(state_dict) -> OrderedDict[str, torch.Tensor]:
+def convert_state_dict(state_dict, only=None) -> OrderedDict[str, torch.Tensor]:
     """Return a copy of ``state_dict`` with naive EQ-Linear entries converted to FlashEQLinear's.
 
     Converted: reference-style ``<prefix>weights (d, 1, c, T)`` (+ ``<prefix>c (d, 1)``) and
     NaiveEQLinear ``<prefix>weight (d, c, T)`` whose state-dict metadata records its layout.
     Everything else is copied unchanged. The result loads into a model whose naive layers were
-    replaced with :func:`swap_eq_linear`.
+    replaced with :func:`swap_eq_linear`. ``only``: layer names to convert (e.g. the list
+    :func:`swap_eq_linear` returns); by default every entry of those forms, which can also match
+    an unrelated parameter named ``weights`` of shape (n, 1, a, b): pass ``only`` where a model
+    holds such parameters.
     """
-    return convert_state_dict_with_names(state_dict)[0]
+    return convert_state_dict_with_names(state_dict, only)[0]
 
 
-def convert_state_dict_with_names(state_dict):
+def convert_state_dict_with_names(state_dict, only=None):
     """:func:`convert_state_dict`, also returning the converted layers' prefixes."""
     if not isinstance(state_dict, dict):
         raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
@@ -99,11 +102,13 @@ def convert_state_dict_with_names(state_dict):
     # Only a key named exactly ``weights`` (not e.g. ``class_weights``) is a reference-style weight.
     prefixes = {k[: -len("weights")] for k in state_dict if k == "weights" or k.endswith(".weights")}
     prefixes |= {k + "." if k else "" for k, v in meta.items() if v.get(LAYOUT_KEY) == "group"}
+    if only is not None:
+        only = {name + "." if name else "" for name in ([only] if isinstance(only, str) else only)}
+        prefixes &= only
     converted = []
     for prefix in sorted(prefixes):
         local = meta.setdefault(prefix[:-1], {})
         if convert_layer_entries(out, prefix, local):
-            local[LAYOUT_KEY] = "planes"
             converted.append(prefix[:-1])
     out._metadata = meta
     return out, converted

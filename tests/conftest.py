@@ -1,6 +1,6 @@
 """Shared helpers for the CPU test suite.
 
-``RefEQLinear`` is written the way the authors' EQ-Linear layers are (``EQ_linear_inter``): a
+``RefEQLinear`` is written the way existing reference-style EQ-Linear layers are: a
 Parameter ``weights`` (d, 1, c, T), a bias Parameter ``c`` (d, 1) and an attribute ``tranNum``;
 the dense matrix is built by rolling ``weights`` by t along the last axis for output copy t.
 It is deliberately independent of ``flash_eqlinear.reference.dense_weight`` (torch.roll + cat
@@ -51,7 +51,7 @@ def loop_eq_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> 
 
 
 class RefEQLinear(nn.Module):
-    """Reference-style EQ-Linear (the authors' layout): weights (d,1,c,T), bias c (d,1), tranNum."""
+    """Reference-style EQ-Linear (reference-style layout): weights (d,1,c,T), bias c (d,1), tranNum."""
 
     def __init__(self, in_features: int, out_features: int, tranNum: int = 4, bias: bool = True):
         super().__init__()

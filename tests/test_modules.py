@@ -505,3 +505,34 @@ def test_naive_layer_follows_autocast(gen):
         assert y.dtype == lin(x).dtype == torch.bfloat16
     ref = layer(x)
     assert ((y.float() - ref).norm() / ref.norm()).item() < 2e-2
+
+
+@pytest.mark.parametrize("shape", [(16, 12), (16, 16)])  # (16, 16): T = d = c = 4, shapes coincide
+def test_naive_layer_loads_flash_checkpoint(gen, shape):
+    flash = fe.FlashEQLinear(*shape, dtype=F64)
+    naive = fe.NaiveEQLinear(*shape, dtype=F64)
+    naive.load_state_dict(flash.state_dict())
+    x = torch.randn(5, shape[0], generator=gen, dtype=F64)
+    assert torch.allclose(naive(x), flash(x), atol=1e-12)
+
+
+def test_conversion_rounds_once_into_the_layer_dtype(gen):
+    naive = fe.NaiveEQLinear(16, 12, dtype=torch.float16)
+    flash = fe.FlashEQLinear(16, 12, dtype=torch.float32)
+    flash.load_state_dict(naive.state_dict())
+    exact = fe.naive_to_planes(naive.weight.detach().double())
+    assert (flash.weight.detach().double() - exact).abs().max().item() < 1e-6
+
+
+def test_from_naive_rejects_bad_bias():
+    w = torch.randn(3, 2, 4)
+    with pytest.raises(TypeError, match="bias"):
+        fe.FlashEQLinear.from_naive(w, [1.0, 2.0, 3.0])
+    with pytest.raises(RuntimeError, match="must match weight"):
+        fe.FlashEQLinear.from_naive(w, torch.randn(3, dtype=F64))
+
+
+def test_autocast_does_not_cast_integer_weights(gen):
+    x = torch.randn(2, 16, generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(TypeError, match="floating"):
+        fe.flash_eq_linear(x, torch.ones(4, 3, 4, dtype=torch.int64), None, 4)

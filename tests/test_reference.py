@@ -273,7 +273,9 @@ def test_low_precision_cpu(dtype, tol, T, gen):
     # PyTorch's own low-precision path (dense F.linear in the same dtype) as the yardstick.
     err_base = rel_l2(naive_eq_linear(x.to(dtype), w.to(dtype), b.to(dtype), T), y64)
     assert err < tol
-    assert err <= 4 * err_base + 1e-3, (err, err_base)
+    # The reference path rounds x's and y's transforms too: allow 4x, floored at u/8 for tiny sizes.
+    u = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}[dtype]
+    assert err <= 4 * max(err_base, u / 8), (err, err_base)
 
 
 def test_functional_flash_eq_linear_matches_reference(gen):

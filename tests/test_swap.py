@@ -238,3 +238,13 @@ def test_convert_state_dict_leaves_lookalike_keys_alone():
 def test_convert_state_dict_type_error():
     with pytest.raises(TypeError, match="dict"):
         fe.convert_state_dict([torch.zeros(1)])
+
+
+def test_convert_state_dict_only_named_layers():
+    w = torch.randn(3, 1, 2, 4)
+    conv_like = torch.randn(8, 1, 3, 3)  # an unrelated parameter that looks reference-style
+    sd = {"eq.weights": w, "eq.c": torch.randn(3, 1), "dw.weights": conv_like}
+    out = fe.convert_state_dict(sd, only=["eq"])
+    assert "eq.weight" in out and "eq.weights" not in out
+    assert out["dw.weights"] is conv_like
+    assert "dw.weight" in fe.convert_state_dict(sd)  # without `only`, every match converts

@@ -5,9 +5,9 @@ Every block is written once for a *group size* ``G``: ``G = 4`` for the equivari
 and ``G = 1`` for ``plain`` (``nn.Linear``, ``nn.LayerNorm``), where every group construction below
 collapses to the ordinary one (one filter orientation, no symmetrisation, a trivial group pool).
 
-Conventions (DESIGN.md): a feature of ``C = c*G`` channels is ``x.view(..., c, G)``, group index
-fastest. A spatial feature map ``F`` of shape ``(B, H, W, C)`` transforms under the rotation of the
-input image by ``torch.rot90(img, 1, (-2, -1))`` as
+Conventions (README, 'Layout convention'): a feature of ``C = c*G`` channels is
+``x.view(..., c, G)``, group index fastest. A spatial feature map ``F`` of shape ``(B, H, W, C)``
+transforms under the rotation of the input image by ``torch.rot90(img, 1, (-2, -1))`` as
 
     F  ->  roll_group(rot90(F, 1, (1, 2)))          (tokens move, then the group axis rolls by one)
 

@@ -1,0 +1,54 @@
+// Fused p4 (T = 4) EQ-Linear backward for the weight: grad_planes and grad_bias straight from the
+// original x and grad_y (no Fourier copies of either in global memory).
+//
+// Torch-free on purpose: this header and the kernels compile with plain nvcc.
+//
+// Layouts (all tensors contiguous, row-major, fp32):
+//   x            (M, c, 4)  the forward's input, interleaved (flat channel ci*4 + g).
+//   gy           (M, d, 4)  grad of the forward's output y, interleaved.
+//   grad_planes  (4, d, c)  written in plane order P0, PR, PI, P2 (see eq_linear_fwd.h).
+//   grad_bias    (d,)       written when not nullptr.
+//
+// Math (per row m; f = transform of x[m, ci, :], g = transform of gy[m, o, :]):
+//   f0 = x0+x1+x2+x3   fR = x0-x2   fI = x3-x1   f2 = x0-x1+x2-x3   (same for g from gy)
+//   grad_P0[o,ci] = 1/2     sum_m g0 f0         grad_P2[o,ci] = 1/2 sum_m g2 f2
+//   grad_PR[o,ci] = 1/sqrt2 sum_m (gR fR + gI fI)
+//   grad_PI[o,ci] = 1/sqrt2 sum_m (gI fR - gR fI)
+//   grad_bias[o]  = sum_m g0[m, o]  (= grad_y summed over rows and the 4 group copies)
+// Exact FP32 (FFMA, no TF32), deterministic: the reduction over M is split into S chunks whose
+// partial tiles go to a workspace and are summed in a fixed order by a second kernel. S is a pure
+// function of (M, c, d, SM count), so results are bitwise reproducible on a given GPU model (but may
+// differ in the last bits between GPUs with different SM counts). When S == 1 the main kernel
+// writes grad_planes / grad_bias itself and no workspace is used.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace flash_eqlinear {
+
+struct BwdWeightParams {
+  const void* x;          // (M, c, 4) fp32
+  const void* gy;         // (M, d, 4) fp32
+  void* grad_planes;      // (4, d, c) fp32, overwritten
+  void* grad_bias;        // (d,) fp32, overwritten; nullptr = not needed
+  void* workspace;        // 16-byte aligned, >= eq_linear_bwd_weight_workspace_bytes(...); may be
+                          // nullptr when that size is 0
+  size_t workspace_bytes;
+  int64_t M;              // rows (any M >= 0; M == 0 writes zeros)
+  int64_t c;              // input channels per group copy (>= 1)
+  int64_t d;              // output channels per group copy (>= 1)
+};
+
+// Workspace (bytes) that eq_linear_bwd_weight_fp32 needs for these sizes on a GPU with sm_count
+// SMs (pass the SM count of the device that will run it: the split depends on it). 0 means none.
+size_t eq_linear_bwd_weight_workspace_bytes(int64_t M, int64_t c, int64_t d, int sm_count);
+
+// One or two launches on `stream`; returns the first error (cudaSuccess when nothing went wrong).
+// cudaErrorInvalidValue for bad sizes, null tensors, or a workspace that is too small or not
+// 16-byte aligned. x, gy and grad_planes may have any 4-byte alignment (a scalar path handles
+// pointers that are not 16-byte aligned).
+cudaError_t eq_linear_bwd_weight_fp32(const BwdWeightParams& p, cudaStream_t stream);
+
+}  // namespace flash_eqlinear
