@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "eq_linear_bwd_weight.h"
 #include "eq_linear_fwd.h"
 
 namespace flash_eqlinear {
@@ -79,13 +80,47 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
   return y;
 }
 
+// Weight gradients, FP32: x (M, 4c), grad_y (M, 4d) -> (grad_planes (4, d, c), grad_bias (d,)).
+std::tuple<at::Tensor, at::Tensor> eq_linear_bwd_weight(const at::Tensor& x, const at::Tensor& grad_y) {
+  TORCH_CHECK(x.is_cuda() && grad_y.is_cuda() && x.device() == grad_y.device(),
+              "eq_linear_bwd_weight: x and grad_y must be CUDA tensors on one device, got ",
+              x.device().str(), " and ", grad_y.device().str());
+  TORCH_CHECK(x.dim() == 2 && grad_y.dim() == 2 && x.size(0) == grad_y.size(0) && x.size(1) % 4 == 0 &&
+                  grad_y.size(1) % 4 == 0 && x.size(1) > 0 && grad_y.size(1) > 0,
+              "eq_linear_bwd_weight: expected x (M, 4c) and grad_y (M, 4d), got ", shape(x.sizes()),
+              " and ", shape(grad_y.sizes()));
+  TORCH_CHECK(x.scalar_type() == at::kFloat && grad_y.scalar_type() == at::kFloat,
+              "eq_linear_bwd_weight: only float32 is implemented, got ", c10::toString(x.scalar_type()),
+              " and ", c10::toString(grad_y.scalar_type()));
+  check_device_supported(x);
+  const at::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xc = x.contiguous(), gc = grad_y.contiguous();
+  const int64_t M = x.size(0), c = x.size(1) / 4, d = grad_y.size(1) / 4;
+  at::Tensor grad_planes = at::empty({4, d, c}, x.options());
+  at::Tensor grad_bias = at::empty({d}, x.options());
+  const int sms = at::cuda::getDeviceProperties(x.get_device())->multiProcessorCount;
+  const size_t ws_bytes = eq_linear_bwd_weight_workspace_bytes(M, c, d, sms);
+  // Workspace from the caching allocator (float elements: 16-byte aligned allocations).
+  at::Tensor ws = at::empty({static_cast<int64_t>((ws_bytes + 3) / 4)}, x.options());
+  BwdWeightParams p{xc.data_ptr(), gc.data_ptr(), grad_planes.data_ptr(), grad_bias.data_ptr(),
+                    ws_bytes ? ws.data_ptr() : nullptr, ws_bytes, M, c, d};
+  const cudaError_t err = eq_linear_bwd_weight_fp32(p, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd_weight: kernel launch failed (M=", num(M), ", c=", num(c),
+              ", d=", num(d), "): ", cudaGetErrorString(err));
+  return {grad_planes, grad_bias};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(flash_eqlinear, m) {
   m.def("eq_linear_fwd(Tensor x, Tensor planes, Tensor? bias) -> Tensor");
+  m.def("eq_linear_bwd_weight(Tensor x, Tensor grad_y) -> (Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) { m.impl("eq_linear_fwd", &eq_linear_fwd); }
+TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
+  m.impl("eq_linear_fwd", &eq_linear_fwd);
+  m.impl("eq_linear_bwd_weight", &eq_linear_bwd_weight);
+}
 
 }  // namespace flash_eqlinear
 

@@ -33,7 +33,7 @@
 //
 // Ragged edges: rows outside the block's chunk (and >= M) and channels >= d or >= c are zero-filled
 // by the cp.async (src-size 0), so they add nothing to any sum; stores are masked. Row offsets are
-// 64-bit; channel indices are int (the host checks c, d < INT_MAX - 1024).
+// 64-bit; channel indices are int (the host checks c, d <= INT_MAX / 4 - 1024).
 
 #include <climits>
 #include <cstdint>

@@ -32,6 +32,9 @@ _BACKENDS = ("auto", "reference")
 BACKEND = os.environ.get("FLASH_EQLINEAR_BACKEND", "auto").strip().lower() or "auto"
 if BACKEND not in _BACKENDS:
     raise ValueError(f"FLASH_EQLINEAR_BACKEND must be one of {_BACKENDS}, got {BACKEND!r}")
+# Opt-in (experimental): FP32 grad_planes/grad_bias from the fused weight-gradient kernel instead of
+# the reference reductions.
+FUSED_WEIGHT_GRAD = os.environ.get("FLASH_EQLINEAR_FUSED_WEIGHT_GRAD", "0").strip() == "1"
 
 
 def kernels_available() -> bool:
@@ -80,6 +83,16 @@ if kernels_available():
             )
         return x.new_empty((x.shape[0], 4 * planes.shape[1]))
 
+    @torch.library.register_fake("flash_eqlinear::eq_linear_bwd_weight")
+    def _eq_linear_bwd_weight_fake(x, grad_y):
+        torch._check(
+            x.dim() == 2 and grad_y.dim() == 2 and x.shape[0] == grad_y.shape[0],
+            lambda: f"eq_linear_bwd_weight: want x (M, 4c), grad_y (M, 4d), got {x.shape}, {grad_y.shape}",
+        )
+        torch._check(x.dtype == grad_y.dtype == torch.float32, lambda: "eq_linear_bwd_weight: float32 only")
+        c, d = x.shape[1] // 4, grad_y.shape[1] // 4
+        return x.new_empty((4, d, c)), x.new_empty((d,))
+
     def _setup_context(ctx, inputs, output):
         x, planes, bias = inputs
         ctx.has_bias = bias is not None
@@ -95,7 +108,10 @@ if kernels_available():
             # fused kernel runs it; the (4, c, d) adjoint is a weight-sized copy.
             adj = reference.adjoint_planes(planes).contiguous()
             gx = torch.ops.flash_eqlinear.eq_linear_fwd(grad_y.contiguous(), adj, None)
-        # grad_planes / grad_bias: closed-form reference reductions until fused kernels exist.
+        if FUSED_WEIGHT_GRAD and x.dtype == torch.float32 and (needs_p or needs_b):
+            gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, grad_y.contiguous())
+            return gx, gp if needs_p else None, gb if needs_b else None
+        # grad_planes / grad_bias: closed-form reference reductions (stock torch ops).
         _, gp, gb = reference.fourier_eq_linear_backward(grad_y, x, planes, (False, needs_p, needs_b))
         return gx, gp, gb
 
