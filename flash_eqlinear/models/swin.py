@@ -82,14 +82,14 @@ def window_reverse(x: torch.Tensor, M: int, H: int, W: int) -> torch.Tensor:
 @lru_cache(maxsize=64)
 def _shift_blocked(H: int, W: int, M: int, s: int, device: torch.device) -> torch.Tensor:
     """``(nW, M*M, M*M)`` bool: token pairs of a shifted window that come from different regions."""
-    region = torch.zeros(H, W, dtype=torch.long)
+    region = torch.zeros(H, W, dtype=torch.long, device=device)  # built on the device: no host copy
     n = 0
     for hs in (slice(0, -M), slice(-M, -s), slice(-s, None)):
         for ws in (slice(0, -M), slice(-M, -s), slice(-s, None)):
             region[hs, ws] = n
             n += 1
     win = window_partition(region[None, :, :, None], M)[0, :, :, 0]  # (nW, L)
-    return (win[:, :, None] != win[:, None, :]).to(device)
+    return win[:, :, None] != win[:, None, :]
 
 
 class RelativePositionBias(nn.Module):
