@@ -34,7 +34,6 @@ import gc
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,6 +50,9 @@ from torch.utils.flop_counter import FlopCounterMode
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
 sys.path.insert(0, str(ROOT.parent))  # run from a checkout without installing
+sys.path.insert(0, str(ROOT))
+from common import git_commit  # noqa: E402
+
 import flash_eqlinear as fe  # noqa: E402
 from flash_eqlinear.models import MODELS, SCALES, VARIANTS, is_linear_layer  # noqa: E402
 
@@ -65,16 +67,6 @@ DRY_CONFIGS = {
 
 
 # ------------------------------------------------------------------------------------ environment
-
-
-def git_commit() -> str:
-    try:
-        run = dict(capture_output=True, text=True, cwd=ROOT)
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], check=True, **run).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], **run).stdout.strip()
-        return out + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def environment(device: torch.device) -> dict:
@@ -505,6 +497,43 @@ def parse_args(argv=None):
     return args
 
 
+def plot(payload: dict, path: Path) -> Path | None:
+    """PNG: inference throughput of naive and flash over plain, per model and scale, per dtype."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no PNG written", flush=True)
+        return None
+    recs = [r for r in payload["inference"] if "error" not in r]
+    names = list(dict.fromkeys(f"{r['model']}-{r['scale']}" for r in recs))
+    dtypes = [dt for dt in ("fp32", "fp16") if any(dt in r for r in recs)]
+    if not names or not dtypes:
+        return None
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(1.2 * len(names) + 3, 4), squeeze=False)
+    for ax, dt in zip(axes[0], dtypes, strict=True):
+        for k, variant in enumerate(("naive", "flash")):
+            vals = []
+            for name in names:
+                by = {r["variant"]: r for r in recs if f"{r['model']}-{r['scale']}" == name and dt in r}
+                ok = "plain" in by and variant in by
+                vals.append(
+                    by[variant][dt]["throughput_img_s"] / by["plain"][dt]["throughput_img_s"] if ok else 0
+                )
+            ax.bar([i + 0.4 * k for i in range(len(names))], vals, width=0.4, label=variant)
+        ax.axhline(1.0, color="gray", lw=1, ls="--", label="plain (nn.Linear)")
+        ax.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=30)
+        ax.set_ylabel("inference throughput / plain")
+        ax.set_title(f"{dt}, {payload['env'].get('gpu', '')}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = path.with_suffix(".png")
+    fig.savefig(out, dpi=120)
+    return out
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dry_run:
@@ -554,7 +583,8 @@ def main(argv=None) -> int:
     table = markdown(payload)
     path.with_suffix(".md").write_text(table)
     print(table)
-    print(f"wrote {path} and {path.with_suffix('.md')}")
+    png = plot(payload, path)
+    print(f"wrote {path}, {path.with_suffix('.md')}" + (f" and {png}" if png else ""))
     return 0
 
 
