@@ -163,19 +163,6 @@ def test_integer_weight():
 # ---------------------------------------------------------------------------------------------
 
 
-def test_from_linear_not_block_circulant():
-    with pytest.raises(ValueError, match=r"not block-circulant for group_size=4 \(max deviation"):
-        fe.FlashEQLinear.from_linear(nn.Linear(8, 8), group_size=4)
-
-
-def test_from_linear_bias_not_shared():
-    lin = fe.FlashEQLinear(8, 8).to_linear()
-    with torch.no_grad():
-        lin.bias.copy_(torch.arange(8.0))
-    with pytest.raises(ValueError, match="bias is not shared across the 4 group copies"):
-        fe.FlashEQLinear.from_linear(lin, group_size=4)
-
-
 def test_from_linear_wrong_type_and_features():
     with pytest.raises(TypeError, match="expects an nn.Linear, got Conv1d"):
         fe.FlashEQLinear.from_linear(nn.Conv1d(8, 8, 1), group_size=4)

@@ -8,7 +8,6 @@ equivariance on the features, ``features(rot90(img)) == roll_group(rot90(feature
 from __future__ import annotations
 
 import copy
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+from conftest import RefEQLinear, rel_l2
 
 from flash_eqlinear import FlashEQLinear, NaiveEQLinear, swap_eq_linear
 from flash_eqlinear.models import (
@@ -42,12 +42,6 @@ TINY_SWIN = dict(
 ODD_SWIN = dict(
     num_classes=10, img_size=28, patch_size=2, embed_dim=16, depths=(2, 2), num_heads=(2, 4), window_size=7
 )
-
-
-def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    assert a.shape == b.shape
-    return ((a - b).norm() / b.norm()).item()
 
 
 def tiny(kind: str, variant: str, seed: int = 0, **kw) -> nn.Module:
@@ -249,30 +243,15 @@ def test_config_errors():
 # ------------------------------------------------------------------------------- migration path
 
 
-class RefStyleEQLinear(nn.Module):
-    """EQ-Linear written as in existing EQ code bases: ``weights (d,1,c,T)``, bias ``c (d,1)``,
-    ``tranNum``; output copy t uses ``weights`` rolled by t along the group axis."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, tranNum: int = 4):
-        super().__init__()
-        self.tranNum = tranNum
-        c, d = in_features // tranNum, out_features // tranNum
-        bound = 1.0 / math.sqrt(in_features)
-        self.weights = nn.Parameter(torch.empty(d, 1, c, tranNum).uniform_(-bound, bound))
-        self.c = nn.Parameter(torch.empty(d, 1).uniform_(-bound, bound)) if bias else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        T = self.tranNum
-        d, _, c, _ = self.weights.shape
-        W = torch.cat([torch.roll(self.weights, t, -1) for t in range(T)], dim=1).reshape(d * T, c * T)
-        y = x @ W.t()
-        return y if self.c is None else y + self.c.expand(-1, T).reshape(-1)
+def ref_style_layer(in_features: int, out_features: int, bias: bool = True) -> RefEQLinear:
+    """The models' linear-layer factory signature, building reference-style p4 layers."""
+    return RefEQLinear(in_features, out_features, 4, bias=bias)
 
 
 @pytest.mark.parametrize("kind", ["vit", "swin"])
 def test_migration_reference_checkpoint_end_to_end(kind, tmp_path):
-    orig = tiny(kind, "naive", linear_layer=RefStyleEQLinear)
-    n_ref = sum(isinstance(m, RefStyleEQLinear) for m in orig.modules())
+    orig = tiny(kind, "naive", linear_layer=ref_style_layer)
+    n_ref = sum(isinstance(m, RefEQLinear) for m in orig.modules())
     img = image(32)
     with torch.no_grad():
         logits = orig(img)
@@ -295,7 +274,7 @@ def test_migration_reference_checkpoint_end_to_end(kind, tmp_path):
     assert len(names) == n_ref
     assert sum(isinstance(m, FlashEQLinear) for m in swapped.modules()) == n_ref
     # (b) a freshly built (differently initialised) model, swapped, loaded from the converted file.
-    fresh = tiny(kind, "naive", seed=123, linear_layer=RefStyleEQLinear)
+    fresh = tiny(kind, "naive", seed=123, linear_layer=ref_style_layer)
     swap_eq_linear(fresh)
     ckpt = torch.load(dst, weights_only=True)
     assert ckpt["epoch"] == 7
