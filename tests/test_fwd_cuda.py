@@ -13,6 +13,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import rel_l2
 
 import flash_eqlinear as fe
 from flash_eqlinear import reference
@@ -27,11 +28,6 @@ DEV = "cuda"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 SIZES = [1, 3, 16, 48, 59, 64, 200, 1025]
-
-
-def rel_l2(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
 
 
 def make(M, c, d, dtype, x_scale=1.0, bias=True, seed=0):
