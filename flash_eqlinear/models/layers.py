@@ -17,6 +17,7 @@ the position ``(a, b)`` to ``(n - 1 - b, a)``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -80,6 +81,21 @@ class Variant:
 
     def __repr__(self) -> str:
         return f"Variant({self.name!r}, group_size={self.group_size})"
+
+
+def build_model(cls, name: str, configs: dict, base: dict, scale, device, dtype, **kwargs) -> nn.Module:
+    """Shared body of the model factories: ``base`` config, then ``configs[scale]`` (unless scale
+    is None), then the caller's overrides (in ``kwargs``); built under ``device`` (``"meta"``
+    allocates nothing), cast to ``dtype`` if given."""
+    cfg = dict(base)
+    if scale is not None:
+        if scale not in configs:
+            raise ValueError(f"unknown {name} scale {scale!r}; choose from {sorted(configs)}")
+        cfg.update(configs[scale])
+    cfg.update(kwargs)
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        model = cls(**cfg)
+    return model if dtype is None else model.to(dtype)
 
 
 def is_linear_layer(module: nn.Module) -> bool:

@@ -41,14 +41,13 @@ windows to windows), and attention inside a window is permutation-equivariant.
 
 from __future__ import annotations
 
-import contextlib
 from functools import lru_cache
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .layers import Attention, LiftingPatchEmbed, Mlp, Variant, group_pool
+from .layers import Attention, LiftingPatchEmbed, Mlp, Variant, build_model, group_pool
 
 __all__ = ["EQSwin", "SWIN_CONFIGS", "eq_swin", "PatchMerging", "RelativePositionBias"]
 
@@ -311,14 +310,17 @@ def eq_swin(
     ``window_size``, ``shift_size``, ``patch_size``, ...); with ``scale=None`` they define the
     whole config. ``device="meta"`` builds without allocating.
     """
-    cfg = dict(patch_size=4, window_size=7)
-    if scale is not None:
-        if scale not in SWIN_CONFIGS:
-            raise ValueError(f"unknown EQ-Swin scale {scale!r}; choose from {sorted(SWIN_CONFIGS)}")
-        cfg.update(SWIN_CONFIGS[scale])
-    cfg.update(overrides)
-    with torch.device(device) if device is not None else contextlib.nullcontext():
-        model = EQSwin(
-            variant=variant, num_classes=num_classes, img_size=img_size, linear_layer=linear_layer, **cfg
-        )
-    return model if dtype is None else model.to(dtype)
+    return build_model(
+        EQSwin,
+        "EQ-Swin",
+        SWIN_CONFIGS,
+        dict(patch_size=4, window_size=7),
+        scale,
+        device,
+        dtype,
+        variant=variant,
+        num_classes=num_classes,
+        img_size=img_size,
+        linear_layer=linear_layer,
+        **overrides,
+    )

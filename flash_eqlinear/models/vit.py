@@ -19,12 +19,10 @@ A ``naive`` and a ``flash`` model with the same weights compute the same functio
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn as nn
 
-from .layers import Attention, GroupPosEmbed, LiftingPatchEmbed, Mlp, Variant, group_pool
+from .layers import Attention, GroupPosEmbed, LiftingPatchEmbed, Mlp, Variant, build_model, group_pool
 
 __all__ = ["EQViT", "VIT_CONFIGS", "eq_vit"]
 
@@ -133,14 +131,17 @@ def eq_vit(
     ``patch_size``, ...); with ``scale=None`` they define the whole config (tiny test models).
     ``device="meta"`` builds without allocating (parameter counts of the large scales).
     """
-    cfg = dict(patch_size=16)
-    if scale is not None:
-        if scale not in VIT_CONFIGS:
-            raise ValueError(f"unknown EQ-ViT scale {scale!r}; choose from {sorted(VIT_CONFIGS)}")
-        cfg.update(VIT_CONFIGS[scale])
-    cfg.update(overrides)
-    with torch.device(device) if device is not None else contextlib.nullcontext():
-        model = EQViT(
-            variant=variant, num_classes=num_classes, img_size=img_size, linear_layer=linear_layer, **cfg
-        )
-    return model if dtype is None else model.to(dtype)
+    return build_model(
+        EQViT,
+        "EQ-ViT",
+        VIT_CONFIGS,
+        dict(patch_size=16),
+        scale,
+        device,
+        dtype,
+        variant=variant,
+        num_classes=num_classes,
+        img_size=img_size,
+        linear_layer=linear_layer,
+        **overrides,
+    )
