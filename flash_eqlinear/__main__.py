@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from . import FlashEQLinear, NaiveEQLinear, kernels_available, reference
+from .models.layers import roll_group
 from .ops import backend_for, kernel_import_error
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -45,11 +46,6 @@ def time_ms(fn, device: torch.device, warmup: int, iters: int) -> float:
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
-
-
-def roll_group(t: torch.Tensor, T: int) -> torch.Tensor:
-    """Act with the generator of C_T: cyclic shift of the group axis by one."""
-    return torch.roll(t.unflatten(-1, (-1, T)), 1, -1).flatten(-2)
 
 
 def main(argv=None) -> int:

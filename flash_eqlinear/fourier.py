@@ -35,7 +35,8 @@ def dft_basis(group_size: int, dtype=torch.float64, device=None) -> torch.Tensor
     """The orthogonal real DFT matrix ``Q`` of shape (T, T), rows in plane order.
 
     Built with device-side ops only (no host-to-device copy), so it works under CUDA graph
-    capture, fake tensors and torch.compile. Computed in float64 (float32 on MPS), then cast.
+    capture, fake tensors and torch.compile. Computed in float64 (float32 on MPS), then cast to
+    ``dtype``; ``dtype=None`` returns that working precision.
     """
     T = check_group_size(group_size)
     work = torch.float32 if torch.device(device or "cpu").type == "mps" else torch.float64
@@ -46,7 +47,7 @@ def dft_basis(group_size: int, dtype=torch.float64, device=None) -> torch.Tensor
     rows = torch.where(is_sin[:, None], torch.sin(angle), torch.cos(angle))
     is_real = (j == 0) | ((T % 2 == 0) & (j == T - 1))  # k = 0 and k = T/2 are not paired
     scale = torch.full_like(j, math.sqrt(2.0 / T)).masked_fill(is_real, 1.0 / math.sqrt(T))
-    return (rows * scale[:, None]).to(dtype)
+    return (rows * scale[:, None]).to(dtype or work)
 
 
 def plane_kinds(group_size: int) -> list[tuple[str, int]]:

@@ -114,8 +114,7 @@ def _analysis(v: torch.Tensor, T: int, scale: list[float] | None = None) -> torc
 
     ``scale`` multiplies coordinate j by ``scale[j]`` inside the transform (no extra rounding).
     """
-    work = torch.float32 if v.device.type == "mps" else torch.float64
-    Q = dft_basis(T, dtype=work, device=v.device)
+    Q = dft_basis(T, dtype=None, device=v.device)  # working precision; one cast to v.dtype below
     if scale is not None:  # Python-float scaling: no host-to-device copy (graph capture, fake mode)
         Q = torch.stack([Q[j] * scale[j] for j in range(T)])
     return torch.matmul(v, Q.to(v.dtype).t()).permute(2, 0, 1)
