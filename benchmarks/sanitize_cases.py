@@ -1,6 +1,8 @@
 """Small, varied kernel launches for compute-sanitizer (memcheck, racecheck): ragged and aligned
 shapes in every dtype, with and without bias. Exits non-zero on a wrong result."""
 
+import sys
+
 import torch
 
 import flash_eqlinear  # noqa: F401  (registers the ops)
@@ -8,7 +10,8 @@ from flash_eqlinear import reference
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 SHAPES = [(1, 1, 1), (7, 3, 59), (129, 59, 200), (300, 64, 64), (257, 200, 48), (64, 1025, 16)]
-for dtype in (torch.float32, torch.float16, torch.bfloat16):
+DIRECTIONS = sys.argv[1:] or ["fwd", "bwd"]  # which ops to exercise
+for dtype in (torch.float32, torch.float16, torch.bfloat16) if "fwd" in DIRECTIONS else ():
     for M, c, d in SHAPES:
         for bias in (True, False):
             x = torch.randn(M, 4 * c, device="cuda", dtype=dtype)
@@ -19,5 +22,16 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
             ref = reference.fourier_eq_linear(x.double(), planes.double(), b64, 4)
             err = ((y.double() - ref).norm() / ref.norm()).item()
             assert err < TOL[dtype], (dtype, M, c, d, err)
+# Weight gradient (grad_planes, grad_bias): ragged shapes, including a larger M (split over M).
+for dtype in (torch.float32, torch.float16, torch.bfloat16) if "bwd" in DIRECTIONS else ():
+    for M, c, d in SHAPES + [(5000, 48, 59), (3000, 64, 128)]:
+        x = torch.randn(M, 4 * c, device="cuda", dtype=dtype)
+        gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
+        planes = torch.zeros(4, d, c, dtype=torch.float64, device="cuda")
+        gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy)
+        _, rp, rb = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes, (False, True, True))
+        for got, ref in ((gp, rp), (gb, rb)):
+            err = ((got.double() - ref).norm() / ref.norm()).item()
+            assert err < TOL[dtype], ("bwd_weight", dtype, M, c, d, err)
 torch.cuda.synchronize()
 print("sanitize cases OK")

@@ -80,7 +80,8 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
   return y;
 }
 
-// Weight gradients, FP32: x (M, 4c), grad_y (M, 4d) -> (grad_planes (4, d, c), grad_bias (d,)).
+// Weight gradients: x (M, 4c), grad_y (M, 4d) -> (grad_planes (4, d, c), grad_bias (d,)), in the
+// inputs' dtype (float32, float16 or bfloat16).
 std::tuple<at::Tensor, at::Tensor> eq_linear_bwd_weight(const at::Tensor& x, const at::Tensor& grad_y) {
   TORCH_CHECK(x.is_cuda() && grad_y.is_cuda() && x.device() == grad_y.device(),
               "eq_linear_bwd_weight: x and grad_y must be CUDA tensors on one device, got ",
@@ -89,24 +90,39 @@ std::tuple<at::Tensor, at::Tensor> eq_linear_bwd_weight(const at::Tensor& x, con
                   grad_y.size(1) % 4 == 0 && x.size(1) > 0 && grad_y.size(1) > 0,
               "eq_linear_bwd_weight: expected x (M, 4c) and grad_y (M, 4d), got ", shape(x.sizes()),
               " and ", shape(grad_y.sizes()));
-  TORCH_CHECK(x.scalar_type() == at::kFloat && grad_y.scalar_type() == at::kFloat,
-              "eq_linear_bwd_weight: only float32 is implemented, got ", c10::toString(x.scalar_type()),
-              " and ", c10::toString(grad_y.scalar_type()));
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK((dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16) &&
+                  grad_y.scalar_type() == dtype,
+              "eq_linear_bwd_weight: x and grad_y must share one dtype among float32, float16, bfloat16, got ",
+              c10::toString(dtype), " and ", c10::toString(grad_y.scalar_type()));
   check_device_supported(x);
   const at::cuda::CUDAGuard guard(x.device());
-  const at::Tensor xc = x.contiguous(), gc = grad_y.contiguous();
+  // The tensor-core kernels read 16-byte chunks: a view at an odd offset is copied (fresh
+  // allocations are aligned).
+  const auto prepared = [dtype](const at::Tensor& t) {
+    at::Tensor u = t.contiguous();
+    if (dtype != at::kFloat && reinterpret_cast<uintptr_t>(u.data_ptr()) % 16 != 0) u = u.clone();
+    return u;
+  };
+  const at::Tensor xc = prepared(x), gc = prepared(grad_y);
   const int64_t M = x.size(0), c = x.size(1) / 4, d = grad_y.size(1) / 4;
   at::Tensor grad_planes = at::empty({4, d, c}, x.options());
   at::Tensor grad_bias = at::empty({d}, x.options());
-  const int sms = at::cuda::getDeviceProperties(x.get_device())->multiProcessorCount;
-  const size_t ws_bytes = eq_linear_bwd_weight_workspace_bytes(M, c, d, sms);
+  const size_t ws_bytes = eq_linear_bwd_weight_workspace_bytes(M, c, d, static_cast<int>(x.element_size()),
+                                                               x.get_device());
   // Workspace from the caching allocator (float elements: 16-byte aligned allocations).
-  at::Tensor ws = at::empty({static_cast<int64_t>((ws_bytes + 3) / 4)}, x.options());
+  at::Tensor ws = at::empty({static_cast<int64_t>((ws_bytes + 3) / 4)}, x.options().dtype(at::kFloat));
   BwdWeightParams p{xc.data_ptr(), gc.data_ptr(), grad_planes.data_ptr(), grad_bias.data_ptr(),
                     ws_bytes ? ws.data_ptr() : nullptr, ws_bytes, M, c, d};
-  const cudaError_t err = eq_linear_bwd_weight_fp32(p, at::cuda::getCurrentCUDAStream());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  cudaError_t err;
+  switch (dtype) {
+    case at::kFloat: err = eq_linear_bwd_weight_fp32(p, stream); break;
+    case at::kHalf: err = eq_linear_bwd_weight_fp16(p, stream); break;
+    default: err = eq_linear_bwd_weight_bf16(p, stream); break;
+  }
   TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd_weight: kernel launch failed (M=", num(M), ", c=", num(c),
-              ", d=", num(d), "): ", cudaGetErrorString(err));
+              ", d=", num(d), ", ", c10::toString(dtype), "): ", cudaGetErrorString(err));
   return {grad_planes, grad_bias};
 }
 

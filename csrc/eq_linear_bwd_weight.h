@@ -3,7 +3,7 @@
 //
 // Torch-free on purpose: this header and the kernels compile with plain nvcc.
 //
-// Layouts (all tensors contiguous, row-major, fp32):
+// Layouts (all tensors contiguous, row-major, one element type: fp32, fp16 or bf16):
 //   x            (M, c, 4)  the forward's input, interleaved (flat channel ci*4 + g).
 //   gy           (M, d, 4)  grad of the forward's output y, interleaved.
 //   grad_planes  (4, d, c)  written in plane order P0, PR, PI, P2 (see eq_linear_fwd.h).
@@ -15,11 +15,13 @@
 //   grad_PR[o,ci] = 1/sqrt2 sum_m (gR fR + gI fI)
 //   grad_PI[o,ci] = 1/sqrt2 sum_m (gI fR - gR fI)
 //   grad_bias[o]  = sum_m g0[m, o]  (= grad_y summed over rows and the 4 group copies)
-// Exact FP32 (FFMA, no TF32), deterministic: the reduction over M is split into S chunks whose
-// partial tiles go to a workspace and are summed in a fixed order by a second kernel. S is a pure
-// function of (M, c, d, SM count), so results are bitwise reproducible on a given GPU model (but may
-// differ in the last bits between GPUs with different SM counts). When S == 1 the main kernel
-// writes grad_planes / grad_bias itself and no workspace is used.
+// FP32: exact (FFMA, no TF32). fp16 / bf16: tensor cores (mma.sync), the transforms in FP32 and
+// rounded once to the element type, FP32 accumulation, grad_bias summed in FP32.
+// Deterministic: the reduction over M is split into S chunks whose FP32 partial tiles go to a
+// workspace and are summed in a fixed order by a second kernel (eq_linear_bwd_weight_split.cuh).
+// S is a pure function of (M, c, d, device), so results are bitwise reproducible on a given GPU
+// model (but may differ in the last bits between GPU models). FP32 with S == 1 writes
+// grad_planes / grad_bias directly and uses no workspace; fp16 / bf16 always use it.
 #pragma once
 
 #include <cstddef>
@@ -29,10 +31,10 @@
 namespace flash_eqlinear {
 
 struct BwdWeightParams {
-  const void* x;          // (M, c, 4) fp32
-  const void* gy;         // (M, d, 4) fp32
-  void* grad_planes;      // (4, d, c) fp32, overwritten
-  void* grad_bias;        // (d,) fp32, overwritten; nullptr = not needed
+  const void* x;          // (M, c, 4)
+  const void* gy;         // (M, d, 4)
+  void* grad_planes;      // (4, d, c), overwritten
+  void* grad_bias;        // (d,), overwritten; nullptr = not needed
   void* workspace;        // 16-byte aligned, >= eq_linear_bwd_weight_workspace_bytes(...); may be
                           // nullptr when that size is 0
   size_t workspace_bytes;
@@ -41,14 +43,21 @@ struct BwdWeightParams {
   int64_t d;              // output channels per group copy (>= 1)
 };
 
-// Workspace (bytes) that eq_linear_bwd_weight_fp32 needs for these sizes on a GPU with sm_count
-// SMs (pass the SM count of the device that will run it: the split depends on it). 0 means none.
-size_t eq_linear_bwd_weight_workspace_bytes(int64_t M, int64_t c, int64_t d, int sm_count);
+// Workspace (bytes) that eq_linear_bwd_weight_<elem> needs for these sizes on CUDA device `device`
+// (the one that will run it: the split depends on its SM count and shared memory); elem_bytes is 4
+// (fp32) or 2 (fp16 / bf16). 0 means none. Returns 0 as well when the device query fails; the
+// launch then reports the error.
+size_t eq_linear_bwd_weight_workspace_bytes(int64_t M, int64_t c, int64_t d, int elem_bytes, int device);
+// The FP32 part of the query, for a GPU with sm_count SMs.
+size_t eq_linear_bwd_weight_fp32_workspace_bytes(int64_t M, int64_t c, int64_t d, int sm_count);
 
-// One or two launches on `stream`; returns the first error (cudaSuccess when nothing went wrong).
-// cudaErrorInvalidValue for bad sizes, null tensors, or a workspace that is too small or not
-// 16-byte aligned. x, gy and grad_planes may have any 4-byte alignment (a scalar path handles
-// pointers that are not 16-byte aligned).
+// One or two launches on `stream`, on the current device; returns the first error (cudaSuccess when
+// nothing went wrong). cudaErrorInvalidValue for bad sizes, null tensors, or a workspace that is
+// too small or not 16-byte aligned. FP32: x, gy and grad_planes may have any 4-byte alignment (a
+// scalar path handles pointers that are not 16-byte aligned). fp16 / bf16: x and gy must be
+// 16-byte aligned, grad_planes and grad_bias 2-byte aligned.
 cudaError_t eq_linear_bwd_weight_fp32(const BwdWeightParams& p, cudaStream_t stream);
+cudaError_t eq_linear_bwd_weight_fp16(const BwdWeightParams& p, cudaStream_t stream);
+cudaError_t eq_linear_bwd_weight_bf16(const BwdWeightParams& p, cudaStream_t stream);
 
 }  // namespace flash_eqlinear

@@ -41,6 +41,7 @@
 #include <cuda_runtime.h>
 
 #include "eq_linear_bwd_weight.h"
+#include "eq_linear_bwd_weight_split.cuh"
 
 namespace flash_eqlinear {
 namespace {
@@ -325,141 +326,19 @@ eq_linear_bwd_weight_fp32_kernel(const float* __restrict__ x, const float* __res
   }
 }
 
-// Sums the S partial tiles in order z = 0 .. S-1, scales, writes grad_planes (and grad_bias).
-// Block (kReduceX, kReduceY): x walks the float4 groups of a partial row (ldw / 4 of them), y the
-// 4 * d rows (g * d + o); the blocks with blockIdx.y == 0 also reduce grad_bias. No 64-bit
-// division (it would be a called routine with a stack frame).
-constexpr int kReduceX = 64, kReduceY = 4;
-
-__global__ void __launch_bounds__(kReduceX * kReduceY)
-eq_linear_bwd_weight_reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias,
-                                   float* __restrict__ out, float* __restrict__ out_bias,
-                                   int S, int c, int d, int ldw, bool vec_out) {
-  const int n_row4 = ldw / 4;
-  const int rows = 4 * d;
-  const int64_t split_stride = 4 * int64_t(d) * ldw;  // floats between partials
-  for (int row = blockIdx.y * kReduceY + threadIdx.y; row < rows; row += gridDim.y * kReduceY) {
-    const int g = row / d;
-    const float sc = (g == 0 || g == 3) ? 0.5f : kInvSqrt2;
-    for (int c4 = blockIdx.x * kReduceX + threadIdx.x; c4 < n_row4; c4 += gridDim.x * kReduceX) {
-      const int ci = 4 * c4;
-      const float* p = ws + int64_t(row) * ldw + ci;
-      float4 s = *reinterpret_cast<const float4*>(p);
-      for (int z = 1; z < S; ++z) {
-        const float4 v = *reinterpret_cast<const float4*>(p + z * split_stride);
-        s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-      }
-      s.x *= sc; s.y *= sc; s.z *= sc; s.w *= sc;
-      float* const q = out + int64_t(row) * c + ci;
-      if (vec_out) {  // c % 4 == 0: ldw == c and ci + 3 < c
-        *reinterpret_cast<float4*>(q) = s;
-      } else {        // ci < ldw and ldw < c + 4: ci < c
-        q[0] = s.x;
-        if (ci + 1 < c) q[1] = s.y;
-        if (ci + 2 < c) q[2] = s.z;
-        if (ci + 3 < c) q[3] = s.w;
-      }
-    }
-  }
-  if (out_bias != nullptr && blockIdx.y == 0) {
-    const int t = threadIdx.y * kReduceX + threadIdx.x;
-    for (int o = blockIdx.x * (kReduceX * kReduceY) + t; o < d; o += gridDim.x * kReduceX * kReduceY) {
-      float s = ws_bias[o];
-      for (int z = 1; z < S; ++z) s += ws_bias[int64_t(z) * d + o];
-      out_bias[o] = s;
-    }
-  }
-}
-
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
 
-int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t round_up4(int64_t v) { return (v + 3) / 4 * 4; }
-int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
-int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+using split::cdiv;
 
-// The split: which tile, how many chunks S, rows per chunk. A pure function of the sizes and the SM
-// count, shared by the workspace query and the launch.
-struct Plan {
-  bool big = true;
-  int S = 1;
-  int64_t chunk_rows = 0;  // multiple of kBK; every chunk non-empty
+// The cost models of the two tiles for the split plan; the big tile does ~1.25x the work per
+// SM-cycle of the small one (FFMA issue 128 / SM / cycle times an assumed efficiency).
+constexpr split::TileModel kModels[2] = {
+    {BigCfg::BD, BigCfg::BC, kBK, BigCfg::kMinBlocks, BigCfg::kThreads, 128.0 * 0.8, 3000.0, false},
+    {SmallCfg::BD, SmallCfg::BC, kBK, SmallCfg::kMinBlocks, SmallCfg::kThreads, 128.0 * 0.64, 3000.0, false},
 };
 
-constexpr int64_t kMinChunkRows = 256;  // a chunk amortises its prologue / partial store
-constexpr int kMaxSplit = 1024;
-constexpr int kMaxWaves = 8;
-
-// Estimated time (ns) of one configuration: waves of resident blocks times the FFMA time of the
-// blocks an SM runs per wave (FFMA issue 128 / SM / cycle at ~1.7 GHz, an assumed efficiency per
-// tile, lowered when an SM holds fewer than 8 warps), a per-block overhead (prologue, stores), and
-// for S > 1 the traffic of the partials (written, read back) and the second launch. Used to choose
-// between the tiles and to pick S.
-template <class Cfg>
-double estimate_ns(int64_t c, int64_t d, int sms, int S, int64_t chunk_kt, double efficiency) {
-  constexpr int occ = Cfg::kMinBlocks;
-  const int64_t tiles = cdiv(d, Cfg::BD) * cdiv(c, Cfg::BC);
-  const int64_t blocks = tiles * S;
-  const int64_t slots = int64_t(sms) * occ;
-  const int64_t waves = cdiv(blocks, slots);
-  const int64_t per_sm = blocks < int64_t(sms) * occ ? cdiv(blocks, sms) : occ;
-  // Fewer than 8 resident warps per SM hide the shared-memory and barrier latency poorly.
-  const int64_t warps = per_sm * Cfg::kThreads / 32;
-  const double occ_eff = warps >= 8 ? 1.0 : warps >= 4 ? 0.75 : 0.5;
-  const double block_cycles =
-      double(chunk_kt) * Cfg::BK * Cfg::BD * Cfg::BC * 6.0 / (128.0 * efficiency * occ_eff) +
-      3000.0;
-  const double main_ns = double(waves) * double(per_sm) * block_cycles / 1.7;
-  const double out_bytes = 16.0 * double(c) * double(d);  // grad_planes, fp32
-  const double mem_ns = (S > 1 ? (2.0 * S + 1.0) * out_bytes : out_bytes) / 2500.0 +  // 2.5 TB/s
-                        (S > 1 ? 3000.0 : 0.0);
-  return main_ns + mem_ns;
-}
-
-template <class Cfg>
-void consider(int64_t M, int64_t c, int64_t d, int sms, bool big, double efficiency, Plan& best,
-              double& best_ns) {
-  if (cdiv(c, Cfg::BC) > 65535) return;  // gridDim.y limit
-  const int64_t KT = cdiv(M, kBK);
-  // Split only while a chunk keeps >= kMinChunkRows rows and the grid stays within kMaxWaves waves
-  // of resident blocks (beyond that the wave tail is small anyway, and the workspace would grow).
-  const int64_t tiles = cdiv(d, Cfg::BD) * cdiv(c, Cfg::BC);
-  int64_t s_max = M / kMinChunkRows;
-  const int64_t s_waves = int64_t(kMaxWaves) * sms * Cfg::kMinBlocks / tiles;
-  if (s_max > s_waves) s_max = s_waves;
-  if (s_max > kMaxSplit) s_max = kMaxSplit;
-  if (s_max < 1) s_max = 1;
-  int last_S = 0;
-  for (int64_t s = 1; s <= s_max; ++s) {
-    const int64_t chunk_kt = cdiv(KT, s);
-    const int S = int(cdiv(KT, chunk_kt));  // no empty chunk
-    if (S == last_S) continue;
-    last_S = S;
-    const double ns = estimate_ns<Cfg>(c, d, sms, S, chunk_kt, efficiency);
-    // Ascending S and a 2% margin: prefer fewer chunks (less workspace) when it hardly matters.
-    if (best_ns < 0 || ns < 0.98 * best_ns) {
-      best_ns = ns;
-      best.big = big;
-      best.S = S;
-      best.chunk_rows = chunk_kt * kBK;
-    }
-  }
-}
-
-Plan make_plan(int64_t M, int64_t c, int64_t d, int sms) {
-  if (sms < 1) sms = 1;
-  Plan best;
-  double best_ns = -1.0;
-  // The big tile does ~1.25x the work per SM-cycle of the small one (as in the forward).
-  consider<BigCfg>(M, c, d, sms, true, 0.8, best, best_ns);
-  consider<SmallCfg>(M, c, d, sms, false, 0.64, best, best_ns);
-  if (best_ns < 0) best.S = 0;  // no configuration fits the grid limits
-  return best;
-}
-
-size_t workspace_bytes_for(const Plan& plan, int64_t c, int64_t d) {
-  if (plan.S <= 1) return 0;
-  return size_t(plan.S) * size_t(4 * d * round_up4(c) + d) * sizeof(float);
+split::Plan make_plan(int64_t M, int64_t c, int64_t d, int sms) {
+  return split::make_plan(M, c, d, sms, kModels, 2);
 }
 
 bool sizes_ok(int64_t M, int64_t c, int64_t d) {
@@ -470,7 +349,7 @@ bool sizes_ok(int64_t M, int64_t c, int64_t d) {
 }
 
 template <class Cfg, bool kVec>
-cudaError_t launch_main(const BwdWeightParams& p, const Plan& plan, float* dst, float* bias_dst,
+cudaError_t launch_main(const BwdWeightParams& p, const split::Plan& plan, float* dst, float* bias_dst,
                         int ld, bool direct, bool vec_dst, cudaStream_t stream) {
   auto* kernel = eq_linear_bwd_weight_fp32_kernel<Cfg, kVec>;
   if (Cfg::kSmemBytes > 48 * 1024) {
@@ -489,7 +368,7 @@ cudaError_t launch_main(const BwdWeightParams& p, const Plan& plan, float* dst, 
 }
 
 template <class Cfg>
-cudaError_t dispatch_vec(const BwdWeightParams& p, const Plan& plan, float* dst, float* bias_dst,
+cudaError_t dispatch_vec(const BwdWeightParams& p, const split::Plan& plan, float* dst, float* bias_dst,
                          int ld, bool direct, bool vec_dst, cudaStream_t stream) {
   if (aligned16(p.x) && aligned16(p.gy))
     return launch_main<Cfg, true>(p, plan, dst, bias_dst, ld, direct, vec_dst, stream);
@@ -498,9 +377,9 @@ cudaError_t dispatch_vec(const BwdWeightParams& p, const Plan& plan, float* dst,
 
 }  // namespace
 
-size_t eq_linear_bwd_weight_workspace_bytes(int64_t M, int64_t c, int64_t d, int sm_count) {
+size_t eq_linear_bwd_weight_fp32_workspace_bytes(int64_t M, int64_t c, int64_t d, int sm_count) {
   if (M <= 0 || !sizes_ok(M, c, d)) return 0;
-  return workspace_bytes_for(make_plan(M, c, d, sm_count), c, d);
+  return split::workspace_bytes(make_plan(M, c, d, sm_count), false, c, d);
 }
 
 cudaError_t eq_linear_bwd_weight_fp32(const BwdWeightParams& p, cudaStream_t stream) {
@@ -521,7 +400,7 @@ cudaError_t eq_linear_bwd_weight_fp32(const BwdWeightParams& p, cudaStream_t str
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return err;
 
-  const Plan plan = make_plan(p.M, p.c, p.d, sms);
+  const split::Plan plan = make_plan(p.M, p.c, p.d, sms);
   if (plan.S < 1) return cudaErrorInvalidConfiguration;
   const int c = int(p.c), d = int(p.d);
 
@@ -532,29 +411,21 @@ cudaError_t eq_linear_bwd_weight_fp32(const BwdWeightParams& p, cudaStream_t str
   const bool direct = plan.S == 1;
   float* ws_bias = nullptr;
   if (!direct) {
-    const size_t need = workspace_bytes_for(plan, p.c, p.d);
+    const size_t need = split::workspace_bytes(plan, false, p.c, p.d);
     if (p.workspace == nullptr || p.workspace_bytes < need || !aligned16(p.workspace))
       return cudaErrorInvalidValue;
-    ld = int(round_up4(p.c));
+    ld = int(split::round_up4(p.c));
     dst = static_cast<float*>(p.workspace);
     ws_bias = dst + int64_t(plan.S) * 4 * d * ld;
     bias_dst = out_bias != nullptr ? ws_bias : nullptr;
     vec_dst = true;
   }
 
-  err = plan.big ? dispatch_vec<BigCfg>(p, plan, dst, bias_dst, ld, direct, vec_dst, stream)
-                 : dispatch_vec<SmallCfg>(p, plan, dst, bias_dst, ld, direct, vec_dst, stream);
+  err = plan.cfg == 0 ? dispatch_vec<BigCfg>(p, plan, dst, bias_dst, ld, direct, vec_dst, stream)
+                      : dispatch_vec<SmallCfg>(p, plan, dst, bias_dst, ld, direct, vec_dst, stream);
   if (err != cudaSuccess || direct) return err;
-
-  // Enough blocks to keep the memory system busy (the reduction is a pure stream over the partials).
-  const int64_t rgx = imin(cdiv(ld / 4, kReduceX), 32);
-  const int64_t rgy =
-      imin(imin(cdiv(4 * int64_t(d), kReduceY), imax(1, int64_t(sms) * 16 / rgx)), 65535);
-  const dim3 reduce_grid{unsigned(rgx), unsigned(rgy)};
-  const dim3 reduce_block{kReduceX, kReduceY};
-  eq_linear_bwd_weight_reduce_kernel<<<reduce_grid, reduce_block, 0, stream>>>(
-      dst, ws_bias, out, out_bias, plan.S, c, d, ld, aligned16(out) && c % 4 == 0);
-  return cudaGetLastError();
+  return split::launch_reduce<float>(dst, ws_bias, out, out_bias, plan.S, c, d, ld, 0.5f, kInvSqrt2, sms,
+                                     stream);
 }
 
 }  // namespace flash_eqlinear

@@ -45,6 +45,7 @@
 #include <cuda_bf16.h>
 
 #include "eq_linear_fwd.h"
+#include "eq_linear_mma_common.cuh"
 
 namespace flash_eqlinear {
 namespace {
@@ -89,109 +90,9 @@ struct KParams {
   int x_align8; // general path: x 8-byte aligned, so one channel is one 8-byte cp.async
 };
 
-// ---- element-type traits -------------------------------------------------------------------
-template <class T> struct Elem;
-
-template <> struct Elem<__half> {
-  static constexpr bool kHalve = true;  // prologue computes f / 2 (fp16 range)
-  static constexpr int kLargeMinC = 1024;  // selector: large tiles from this c (H100 timings)
-  static __device__ __forceinline__ float2 unpack(uint32_t u) {
-    return __half22float2(*reinterpret_cast<const __half2*>(&u));
-  }
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-
-template <> struct Elem<__nv_bfloat16> {
-  static constexpr bool kHalve = false;
-  static constexpr int kLargeMinC = 1536;  // small tiles still ~3% ahead at c = 1024
-  static __device__ __forceinline__ float2 unpack(uint32_t u) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
-  }
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-
-// ---- PTX helpers -----------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 8-byte async copy (general path); src_bytes = 0 zero-fills without reading src.
-__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-// 16-byte async copy, or 16 zero bytes when !pred (src-size 0: nothing is read; src is then
-// redirected to a valid address anyway so no out-of-range pointer reaches the memory system).
-__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, const void* safe,
-                                                 bool pred) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
-               "l"(pred ? src : safe), "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ uint4 lds128(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(addr));
-  return v;
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// Group transform of one channel: (f0, fR, fI, f2) from (x0, x1, x2, x3), halved for fp16
-// (x0+x1+x2+x3 overflows fp16 for |x| > 16384, its half does not for |x| <= 32752); bf16 has
-// the FP32 exponent range and skips the two extra multiplies. FP32 math, one rounding (pack).
-template <bool kHalve>
-__device__ __forceinline__ void dft4(float x0, float x1, float x2, float x3, float& f0, float& fr,
-                                     float& fi, float& f2) {
-  if constexpr (kHalve) {
-    const float u = 0.5f * x0, v = 0.5f * x3;  // exact
-    fr = fmaf(-0.5f, x2, u);
-    fi = fmaf(-0.5f, x1, v);
-    const float s02 = fmaf(0.5f, x2, u), s13 = fmaf(0.5f, x1, v);
-    f0 = s02 + s13;
-    f2 = s02 - s13;
-  } else {
-    fr = x0 - x2;
-    fi = x3 - x1;
-    const float s02 = x0 + x2, s13 = x1 + x3;
-    f0 = s02 + s13;
-    f2 = s02 - s13;
-  }
-}
+// Selector: large tiles from this c (H100 timings; bf16 small tiles still ~3% ahead at c = 1024).
+template <class T> constexpr int kLargeMinC = 1024;
+template <> constexpr int kLargeMinC<__nv_bfloat16> = 1536;
 
 // One LDS.128 worth of raw x (channels k, k+1 of one row) -> packed (k, k+1) A registers of the
 // four planes.
@@ -567,7 +468,7 @@ cudaError_t eq_linear_fwd_mma(const FwdParams& p, cudaStream_t stream) {
     const int64_t tiles_large = num_m_large * num_n_small;
     const int64_t tiles_small = num_m_small * num_n_small;
     const bool two_small = smem_sm >= 2 * (CfgSmall::kSmem + 1024);  // + per-block reserve
-    const bool large = two_small ? (p.c >= Elem<T>::kLargeMinC && cdiv(tiles_large, num_sms) <=
+    const bool large = two_small ? (p.c >= kLargeMinC<T> && cdiv(tiles_large, num_sms) <=
                                                        cdiv(tiles_small, 2 * int64_t{num_sms}))
                                  : tiles_large >= num_sms;
     if (large) {

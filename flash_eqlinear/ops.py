@@ -29,12 +29,13 @@ else:
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _BACKENDS = ("auto", "reference")
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
 BACKEND = os.environ.get("FLASH_EQLINEAR_BACKEND", "auto").strip().lower() or "auto"
 if BACKEND not in _BACKENDS:
     raise ValueError(f"FLASH_EQLINEAR_BACKEND must be one of {_BACKENDS}, got {BACKEND!r}")
-# Opt-in (experimental): FP32 grad_planes/grad_bias from the fused weight-gradient kernel instead of
-# the reference reductions.
-FUSED_WEIGHT_GRAD = os.environ.get("FLASH_EQLINEAR_FUSED_WEIGHT_GRAD", "0").strip() == "1"
+# grad_planes / grad_bias from the fused weight-gradient kernels (default); "0" falls back to the
+# reference reductions (stock torch matmuls) for comparison.
+FUSED_WEIGHT_GRAD = os.environ.get("FLASH_EQLINEAR_FUSED_WEIGHT_GRAD", "1").strip() != "0"
 
 
 def kernels_available() -> bool:
@@ -89,7 +90,10 @@ if kernels_available():
             x.dim() == 2 and grad_y.dim() == 2 and x.shape[0] == grad_y.shape[0],
             lambda: f"eq_linear_bwd_weight: want x (M, 4c), grad_y (M, 4d), got {x.shape}, {grad_y.shape}",
         )
-        torch._check(x.dtype == grad_y.dtype == torch.float32, lambda: "eq_linear_bwd_weight: float32 only")
+        torch._check(
+            x.dtype == grad_y.dtype and x.dtype in _KERNEL_DTYPES,
+            lambda: f"eq_linear_bwd_weight: x and grad_y must share one dtype, got {x.dtype}, {grad_y.dtype}",
+        )
         c, d = x.shape[1] // 4, grad_y.shape[1] // 4
         return x.new_empty((4, d, c)), x.new_empty((d,))
 
@@ -108,7 +112,7 @@ if kernels_available():
             # fused kernel runs it; the (4, c, d) adjoint is a weight-sized copy.
             adj = reference.adjoint_planes(planes).contiguous()
             gx = torch.ops.flash_eqlinear.eq_linear_fwd(grad_y.contiguous(), adj, None)
-        if FUSED_WEIGHT_GRAD and x.dtype == torch.float32 and (needs_p or needs_b):
+        if FUSED_WEIGHT_GRAD and (needs_p or needs_b):
             gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, grad_y.contiguous())
             return gx, gp if needs_p else None, gb if needs_b else None
         # grad_planes / grad_bias: closed-form reference reductions (stock torch ops).
@@ -124,7 +128,10 @@ def autocast_inputs(x, weight, bias):
     if not isinstance(x, torch.Tensor):
         return x, weight, bias
     dev = x.device.type
-    if not (torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev)):
+    # Only state queries that torch.compile constant-folds (torch.amp.is_autocast_available is not).
+    if not torch._C._is_any_autocast_enabled() or dev not in _AUTOCAST_DEVICES:
+        return x, weight, bias
+    if not torch.is_autocast_enabled(dev):
         return x, weight, bias
     cast = torch.get_autocast_dtype(dev)
 

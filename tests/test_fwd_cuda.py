@@ -228,23 +228,16 @@ def test_misuse_raises():
         fe.flash_eq_linear(x, planes[:3], b, group_size=4)
 
 
-LOW_PRECISION_PLANES = pytest.mark.xfail(
-    reason="grad_planes in fp16/bf16 comes from the reference reduction, which rounds both "
-    "transformed operands: about 2.1x F.linear's error (limit 2x)",
-    strict=False,
-)
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("M, c, d", [(257, 59, 48), (7, 3, 59), (129, 64, 64), (4097, 16, 200)])
 @pytest.mark.parametrize("which", ["grad_x", "grad_planes", "grad_bias"])
-def test_gradients_against_fp64(which, dtype, request):
-    # grad_x runs the fused kernel on the adjoint planes. Each gradient is compared with float64
-    # autograd of the naive layer, relative to the error of F.linear's matching gradient.
-    if which == "grad_planes" and dtype != torch.float32:
-        request.applymarker(LOW_PRECISION_PLANES)
+def test_gradients_against_fp64(which, M, c, d, dtype):
+    # grad_x runs the fused forward kernel on the adjoint planes, grad_planes / grad_bias the fused
+    # weight-gradient kernel. Each gradient is compared with float64 autograd of the naive layer,
+    # relative to the error of F.linear's matching gradient.
     k = ["grad_x", "grad_planes", "grad_bias"].index(which)
-    x, planes, b = make(257, 59, 48, dtype)
-    g = torch.randn(257, 4 * 48, device=DEV, dtype=dtype)
+    x, planes, b = make(M, c, d, dtype, seed=M + c + d)
+    g = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
     leaves = [t.detach().clone().requires_grad_() for t in (x, planes, b)]
     fe.flash_eq_linear(*leaves).backward(g)
     x64, p64, b64 = [t.detach().double().requires_grad_() for t in (x, planes, b)]
@@ -275,27 +268,79 @@ def test_main_entry_point_on_gpu():
         assert "backend=cuda" in res.stdout and "OK" in res.stdout
 
 
+def weight_grad_of_linear(x, gy, dtype):
+    """F.linear's grad weight / grad bias for x, gy cast to dtype (the criterion's yardstick)."""
+    W = torch.zeros(gy.shape[1], x.shape[1], device=DEV, dtype=dtype, requires_grad=True)
+    B = torch.zeros(gy.shape[1], device=DEV, dtype=dtype, requires_grad=True)
+    F.linear(x.to(dtype), W, B).backward(gy.to(dtype))
+    return W.grad, B.grad
+
+
+def emulated_weight_grad(x, gy, dtype):
+    """The low-precision kernels' algorithm in float64: group transforms rounded once to dtype,
+    exact sums, the result rounded once. (4, d, c)."""
+
+    def transform(t):
+        t0, t1, t2, t3 = t.double().reshape(t.shape[0], -1, 4).unbind(-1)
+        return [v.to(dtype).double() for v in (t0 + t1 + t2 + t3, t0 - t2, t3 - t1, t0 - t1 + t2 - t3)]
+
+    f0, fr, fi, f2 = transform(x)
+    g0, gr, gi, g2 = transform(gy)
+    h = 0.5**0.5
+    planes = [g0.T @ f0 / 2, (gr.T @ fr + gi.T @ fi) * h, (gi.T @ fr - gr.T @ fi) * h, g2.T @ f2 / 2]
+    return torch.stack(planes).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("M", [0, 1, 7, 129, 4097])
-@pytest.mark.parametrize("c, d", [(1, 1), (3, 59), (59, 3), (48, 200), (64, 64), (200, 1025), (1025, 16)])
-def test_fused_weight_grad_fp32(M, c, d):
-    # The FP32 weight-gradient kernel against the float64 closed-form reduction.
-    x, planes, _ = make(M, c, d, torch.float32, seed=M + 31 * c + d)
-    gy = torch.randn(M, 4 * d, device=DEV)
+@pytest.mark.parametrize(
+    "c, d", [(1, 1), (3, 59), (59, 3), (16, 48), (48, 200), (64, 64), (200, 1025), (1025, 16)]
+)  # noqa: E501
+def test_fused_weight_grad(M, c, d, dtype):
+    # The weight-gradient kernels against the float64 closed-form reduction. FP32: under 1e-5.
+    # fp16 / bf16: the kernel is the algorithm (agrees with its float64 emulation to rounding), and
+    # its error is within twice F.linear's on the same inputs. The transforms are rounded once, so
+    # the expected ratio is ~1.8 (sqrt(3.2): two operand roundings besides the output's); on grads
+    # of fewer than 1024 elements the ratio of two errors is too noisy to test (measured on 200
+    # seeds for (c, d) = (1, 1): median 1.7, max 7), so there only the emulation check applies.
+    # grad_bias: within twice the larger of F.linear's error and one rounding of the exact value.
+    x, planes, _ = make(M, c, d, dtype, seed=M + 31 * c + d)
+    gy = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
     gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy)
     _, rp, rb = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double())
-    assert gp.shape == (4, d, c) and gb.shape == (d,)
+    assert gp.shape == (4, d, c) and gb.shape == (d,) and gp.dtype == gb.dtype == dtype
     if M == 0:
         assert torch.equal(gp, torch.zeros_like(gp)) and torch.equal(gb, torch.zeros_like(gb))
         return
-    assert rel_l2(gp, rp) < 1e-5 and rel_l2(gb, rb) < 1e-5
+    if dtype == torch.float32:
+        assert rel_l2(gp, rp) < 1e-5 and rel_l2(gb, rb) < 1e-5
+    else:
+        assert rel_l2(gp, emulated_weight_grad(x, gy, dtype)) <= ROUNDOFF[dtype]
+        lw, lb = weight_grad_of_linear(x, gy, dtype)
+        lw64, lb64 = weight_grad_of_linear(x, gy, torch.float64)
+        if gp.numel() >= 1024:
+            assert rel_l2(gp, rp) <= 2 * rel_l2(lw, lw64), (rel_l2(gp, rp), rel_l2(lw, lw64))
+        tol_b = 2 * max(rel_l2(lb, lb64), rel_l2(rb.to(dtype), rb))
+        assert rel_l2(gb, rb) <= tol_b, (rel_l2(gb, rb), tol_b)
     again = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy)
     assert torch.equal(again[0], gp) and torch.equal(again[1], gb)  # deterministic
 
 
-def test_fused_weight_grad_in_autograd(monkeypatch):
-    from flash_eqlinear import ops
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_fused_weight_grad_fp16_range_and_alignment(dtype):
+    # |x| up to 3e4 (fp16: the transform is halved so it cannot overflow) and inputs at an offset
+    # that is not 16-byte aligned (the binding copies them).
+    M, c, d = 300, 48, 40
+    x = (torch.rand(M, 4 * c + 1, device=DEV) * 6e4 - 3e4).to(dtype)[:, 1:]
+    gy = (torch.randn(M, 4 * d + 1, device=DEV) * 1e-2).to(dtype)[:, 1:]  # keeps grad_planes in range
+    gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy)
+    zeros = torch.zeros(4, d, c, dtype=torch.float64, device=DEV)
+    _, rp, rb = reference.fourier_eq_linear_backward(gy.double(), x.double(), zeros)
+    assert torch.isfinite(gp).all() and torch.isfinite(gb).all()
+    assert rel_l2(gp, rp) < 4 * ROUNDOFF[dtype] and rel_l2(gb, rb) < 4 * ROUNDOFF[dtype]
 
-    monkeypatch.setattr(ops, "FUSED_WEIGHT_GRAD", True)
+
+def test_fused_weight_grad_in_autograd():
     naive = fe.NaiveEQLinear(4 * 59, 4 * 48, device=DEV, dtype=torch.float64)
     flash = fe.FlashEQLinear.from_naive(naive.weight.detach().float(), naive.bias.detach().float())
     x = torch.randn(3000, 4 * 59, device=DEV, dtype=torch.float64)
@@ -304,6 +349,6 @@ def test_fused_weight_grad_in_autograd(monkeypatch):
     flash(x.float()).backward(g.float())
     assert rel_l2(flash.weight.grad, fe.naive_to_planes(naive.weight.grad)) < 1e-5
     assert rel_l2(flash.bias.grad, naive.bias.grad) < 1e-5
-    torch.library.opcheck(
-        torch.ops.flash_eqlinear.eq_linear_bwd_weight.default, (x[:37].float(), g[:37].float())
-    )
+    for dt in DTYPES:
+        op = torch.ops.flash_eqlinear.eq_linear_bwd_weight.default
+        torch.library.opcheck(op, (x[:37].to(dt), g[:37].to(dt)))

@@ -1,0 +1,178 @@
+// The split of the weight-gradient reduction over M, shared by the FP32 (SIMT) and the fp16/bf16
+// (tensor-core) kernels: how many row chunks S to use, and the fixed-order sum of the S partial tiles.
+//
+// d x c output tiles alone do not fill the GPU for moderate sizes (c = d = 512: 32 tiles of
+// 128 x 64 for 132 SMs), so the rows are cut into S chunks; block z writes its unscaled FP32 partial
+// tile to workspace[z][4][d][ldw] (ldw = c rounded up to 4: float4-aligned partial rows) and its
+// grad_bias partial to workspace_bias[z][d], and a second kernel sums the partials in the order
+// z = 0..S-1, scales and converts: deterministic, no atomics. S is a pure function of (M, c, d, SM
+// count, tile models), so results are bitwise reproducible on a given GPU model.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace flash_eqlinear {
+namespace split {
+
+inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t round_up4(int64_t v) { return (v + 3) / 4 * 4; }
+inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// One candidate tile configuration as the cost model sees it.
+struct TileModel {
+  int BD, BC, BK;        // output channels x input channels per tile; rows per k tile
+  int blocks_per_sm;     // resident blocks per SM
+  int threads;           // per block
+  double macs_per_cycle; // per SM, effective, with >= 8 resident warps (6 MAC per (row, o, ci))
+  double block_cycles;   // fixed cost per block (prologue, epilogue)
+  bool always_reduce;    // partials always go through the workspace (second kernel even at S = 1)
+};
+
+struct Plan {
+  int cfg = 0;             // index into the models passed to make_plan
+  int S = 0;               // row chunks (0: no configuration fits the grid limits)
+  int64_t chunk_rows = 0;  // a multiple of the model's BK; every chunk non-empty
+};
+
+constexpr int64_t kMinChunkRows = 256;  // a chunk amortises its prologue / partial store
+constexpr int kMaxSplit = 1024;
+constexpr int kMaxWaves = 8;
+
+// Estimated time (ns): waves of resident blocks times the MAC time of the blocks an SM runs per wave
+// (lower efficiency when an SM holds fewer than 8 warps), a fixed cost per block, and the traffic
+// of the partials (written, read back) plus the second launch when there is one.
+inline double estimate_ns(const TileModel& t, int64_t c, int64_t d, int sms, int S, int64_t chunk_kt) {
+  const int64_t tiles = cdiv(d, t.BD) * cdiv(c, t.BC);
+  const int64_t blocks = tiles * S;
+  const int64_t waves = cdiv(blocks, int64_t(sms) * t.blocks_per_sm);
+  const int64_t per_sm = blocks < int64_t(sms) * t.blocks_per_sm ? cdiv(blocks, sms) : t.blocks_per_sm;
+  const int64_t warps = per_sm * t.threads / 32;
+  const double occ_eff = warps >= 8 ? 1.0 : warps >= 4 ? 0.75 : 0.5;
+  const double block_cycles =
+      double(chunk_kt) * t.BK * t.BD * t.BC * 6.0 / (t.macs_per_cycle * occ_eff) + t.block_cycles;
+  const double main_ns = double(waves) * double(per_sm) * block_cycles / 1.7;  // ~1.7 GHz
+  const double out_bytes = 16.0 * double(c) * double(d);  // 4 planes of FP32 partials
+  const bool reduce = S > 1 || t.always_reduce;
+  return main_ns + (reduce ? (2.0 * S + 1.0) * out_bytes / 2500.0 + 3000.0 : out_bytes / 2500.0);
+}
+
+// The best (configuration, S) by the estimate; ascending S with a 2% margin, so fewer chunks (less
+// workspace) win when it hardly matters.
+inline Plan make_plan(int64_t M, int64_t c, int64_t d, int sms, const TileModel* models, int n_models) {
+  if (sms < 1) sms = 1;
+  Plan best;
+  double best_ns = -1.0;
+  for (int i = 0; i < n_models; ++i) {
+    const TileModel& t = models[i];
+    if (cdiv(c, t.BC) > 65535) continue;  // gridDim.y limit
+    const int64_t KT = cdiv(M, t.BK);
+    const int64_t tiles = cdiv(d, t.BD) * cdiv(c, t.BC);
+    // Split only while a chunk keeps >= kMinChunkRows rows and the grid stays within kMaxWaves
+    // waves of resident blocks (beyond that the wave tail is small anyway, and the workspace grows).
+    int64_t s_max = imin(imin(M / kMinChunkRows, int64_t(kMaxWaves) * sms * t.blocks_per_sm / tiles),
+                         kMaxSplit);
+    if (s_max < 1) s_max = 1;
+    int last_S = 0;
+    for (int64_t s = 1; s <= s_max; ++s) {
+      const int64_t chunk_kt = cdiv(KT, s);
+      const int S = int(cdiv(KT, chunk_kt));  // no empty chunk
+      if (S == last_S) continue;
+      last_S = S;
+      const double ns = estimate_ns(t, c, d, sms, S, chunk_kt);
+      if (best_ns < 0 || ns < 0.98 * best_ns) {
+        best_ns = ns;
+        best.cfg = i;
+        best.S = S;
+        best.chunk_rows = chunk_kt * t.BK;
+      }
+    }
+  }
+  return best;
+}
+
+// Workspace (bytes): S partial tiles [4][d][ldw] then S bias partials [d], FP32. 0 when unused.
+inline size_t workspace_bytes(const Plan& plan, bool always_reduce, int64_t c, int64_t d) {
+  if (plan.S < 1 || (plan.S == 1 && !always_reduce)) return 0;
+  return size_t(plan.S) * size_t(4 * d * round_up4(c) + d) * sizeof(float);
+}
+
+template <class T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Sums the S partial tiles in order z = 0 .. S-1, scales (planes 0 and 3 by s_real, 1 and 2 by
+// s_cplx), converts to TOut and writes grad_planes (4, d, c) and, when out_bias != nullptr,
+// grad_bias (d,). Block (kReduceX, kReduceY): x walks the float4 groups of a partial row (ldw / 4),
+// y the 4 * d rows (g * d + o); the blocks with blockIdx.y == 0 also reduce grad_bias. vec_out:
+// c % 4 == 0 and out aligned to 4 elements, so each float4 group is one aligned vector store.
+constexpr int kReduceX = 64, kReduceY = 4;
+
+template <class TOut>
+__global__ void __launch_bounds__(kReduceX * kReduceY)
+reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, TOut* __restrict__ out,
+              TOut* __restrict__ out_bias, int S, int c, int d, int ldw, float s_real, float s_cplx,
+              bool vec_out) {
+  const int n_row4 = ldw / 4;
+  const int rows = 4 * d;
+  const int64_t split_stride = 4 * int64_t(d) * ldw;  // floats between partials
+  for (int row = blockIdx.y * kReduceY + threadIdx.y; row < rows; row += gridDim.y * kReduceY) {
+    const int g = row / d;
+    const float sc = (g == 0 || g == 3) ? s_real : s_cplx;
+    for (int c4 = blockIdx.x * kReduceX + threadIdx.x; c4 < n_row4; c4 += gridDim.x * kReduceX) {
+      const int ci = 4 * c4;
+      const float* p = ws + int64_t(row) * ldw + ci;
+      float4 s = *reinterpret_cast<const float4*>(p);
+      for (int z = 1; z < S; ++z) {
+        const float4 v = *reinterpret_cast<const float4*>(p + z * split_stride);
+        s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+      }
+      TOut r[4] = {from_float<TOut>(s.x * sc), from_float<TOut>(s.y * sc), from_float<TOut>(s.z * sc),
+                   from_float<TOut>(s.w * sc)};
+      TOut* const q = out + int64_t(row) * c + ci;
+      if (vec_out) {  // ldw == c and ci + 3 < c
+        if constexpr (sizeof(TOut) == 4) {
+          *reinterpret_cast<float4*>(q) = *reinterpret_cast<const float4*>(r);
+        } else {
+          *reinterpret_cast<uint2*>(q) = *reinterpret_cast<const uint2*>(r);
+        }
+      } else {  // ci < ldw and ldw < c + 4: ci < c
+        q[0] = r[0];
+        if (ci + 1 < c) q[1] = r[1];
+        if (ci + 2 < c) q[2] = r[2];
+        if (ci + 3 < c) q[3] = r[3];
+      }
+    }
+  }
+  if (out_bias != nullptr && blockIdx.y == 0) {
+    const int t = threadIdx.y * kReduceX + threadIdx.x;
+    for (int o = blockIdx.x * (kReduceX * kReduceY) + t; o < d; o += gridDim.x * kReduceX * kReduceY) {
+      float s = ws_bias[o];
+      for (int z = 1; z < S; ++z) s += ws_bias[int64_t(z) * d + o];
+      out_bias[o] = from_float<TOut>(s);
+    }
+  }
+}
+
+// Launches reduce_kernel with enough blocks to keep the memory system busy (a pure stream).
+template <class TOut>
+cudaError_t launch_reduce(const float* ws, const float* ws_bias, TOut* out, TOut* out_bias, int S, int c,
+                          int d, int ldw, float s_real, float s_cplx, int sms, cudaStream_t stream) {
+  const int64_t rgx = imin(cdiv(ldw / 4, kReduceX), 32);
+  const int64_t rgy = imin(imin(cdiv(4 * int64_t(d), kReduceY), imax(1, int64_t(sms) * 16 / rgx)), 65535);
+  const bool vec_out = c % 4 == 0 && reinterpret_cast<uintptr_t>(out) % (4 * sizeof(TOut)) == 0;
+  reduce_kernel<TOut><<<dim3(unsigned(rgx), unsigned(rgy)), dim3(kReduceX, kReduceY), 0, stream>>>(
+      ws, ws_bias, out, out_bias, S, c, d, ldw, s_real, s_cplx, vec_out);
+  return cudaGetLastError();
+}
+
+}  // namespace split
+}  // namespace flash_eqlinear

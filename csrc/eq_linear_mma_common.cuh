@@ -1,0 +1,130 @@
+// Shared device helpers of the tensor-core kernels (forward and weight backward, fp16 / bf16):
+// element-type traits with the mma.sync m16n8k16 wrappers, cp.async / ldmatrix PTX helpers, and the
+// p4 group transform. Everything is in an anonymous namespace: each kernel file has its own copy.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace flash_eqlinear {
+namespace {
+
+// ---- element-type traits -------------------------------------------------------------------
+template <class T> struct Elem;
+
+template <> struct Elem<__half> {
+  static constexpr bool kHalve = true;  // prologue computes f / 2 (fp16 range)
+  static __device__ __forceinline__ float2 unpack(uint32_t u) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&u));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <> struct Elem<__nv_bfloat16> {
+  static constexpr bool kHalve = false;
+  static __device__ __forceinline__ float2 unpack(uint32_t u) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// ---- PTX helpers -----------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 8-byte async copy (general path); src_bytes = 0 zero-fills without reading src.
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+// 16-byte async copy, or 16 zero bytes when !pred (src-size 0: nothing is read; src is then
+// redirected to a valid address anyway so no out-of-range pointer reaches the memory system).
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, const void* safe,
+                                                 bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+               "l"(pred ? src : safe), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// Transposing ldmatrix: lane (gid, tid4) of matrix j receives the elements (2 tid4, gid) and
+// (2 tid4 + 1, gid) of the 8 x 8 matrix whose rows are the 16-byte rows addressed by lanes 8j..8j+7.
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v));
+}
+
+// Group transform of one channel: (f0, fR, fI, f2) from (x0, x1, x2, x3), halved for fp16
+// (x0+x1+x2+x3 overflows fp16 for |x| > 16384, its half does not for |x| <= 32752); bf16 has
+// the FP32 exponent range and skips the two extra multiplies. FP32 math, one rounding (pack).
+template <bool kHalve>
+__device__ __forceinline__ void dft4(float x0, float x1, float x2, float x3, float& f0, float& fr,
+                                     float& fi, float& f2) {
+  if constexpr (kHalve) {
+    const float u = 0.5f * x0, v = 0.5f * x3;  // exact
+    fr = fmaf(-0.5f, x2, u);
+    fi = fmaf(-0.5f, x1, v);
+    const float s02 = fmaf(0.5f, x2, u), s13 = fmaf(0.5f, x1, v);
+    f0 = s02 + s13;
+    f2 = s02 - s13;
+  } else {
+    fr = x0 - x2;
+    fi = x3 - x1;
+    const float s02 = x0 + x2, s13 = x1 + x3;
+    f0 = s02 + s13;
+    f2 = s02 - s13;
+  }
+}
+
+}  // namespace
+}  // namespace flash_eqlinear
