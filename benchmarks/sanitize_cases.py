@@ -29,6 +29,7 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16) if "bwd" in DIRECTIO
         gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
         planes = torch.zeros(4, d, c, dtype=torch.float64, device="cuda")
         gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy)
+        torch.ops.flash_eqlinear.eq_group_dft(x, True), torch.ops.flash_eqlinear.eq_group_dft(gy, False)
         _, rp, rb = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes, (False, True, True))
         for got, ref in ((gp, rp), (gb, rb)):
             err = ((got.double() - ref).norm() / ref.norm()).item()

@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "eq_group_dft.h"
 #include "eq_linear_bwd_weight.h"
 #include "eq_linear_fwd.h"
 
@@ -126,16 +127,40 @@ std::tuple<at::Tensor, at::Tensor> eq_linear_bwd_weight(const at::Tensor& x, con
   return {grad_planes, grad_bias};
 }
 
+// Group DFT into Fourier planes: t (M, 4n) -> (5, M, n) for input=True (x), (4, M, n) otherwise
+// (grad_y); layouts and scales in eq_group_dft.h.
+at::Tensor eq_group_dft_op(const at::Tensor& t, bool input) {
+  TORCH_CHECK(t.is_cuda(), "eq_group_dft: expected a CUDA tensor, got one on ", t.device().str());
+  TORCH_CHECK(t.dim() == 2 && t.size(1) % 4 == 0 && t.size(1) > 0,
+              "eq_group_dft: expected a 2-D (M, 4n) tensor, got ", shape(t.sizes()));
+  const auto dtype = t.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+              "eq_group_dft: dtype must be float32, float16 or bfloat16, got ", c10::toString(dtype));
+  const at::cuda::CUDAGuard guard(t.device());
+  at::Tensor src = t.contiguous();
+  if (reinterpret_cast<uintptr_t>(src.data_ptr()) % (4 * src.element_size()) != 0) src = src.clone();
+  const int64_t M = t.size(0), n = t.size(1) / 4;
+  at::Tensor out = at::empty({input ? 5 : 4, M, n}, t.options());
+  GroupDftParams p{src.data_ptr(), out.data_ptr(), M, n, input};
+  const cudaError_t err = eq_group_dft(p, static_cast<int>(t.element_size()), dtype == at::kBFloat16,
+                                       at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "eq_group_dft: kernel launch failed (M=", num(M), ", n=", num(n), "): ",
+              cudaGetErrorString(err));
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(flash_eqlinear, m) {
   m.def("eq_linear_fwd(Tensor x, Tensor planes, Tensor? bias) -> Tensor");
   m.def("eq_linear_bwd_weight(Tensor x, Tensor grad_y) -> (Tensor, Tensor)");
+  m.def("eq_group_dft(Tensor t, bool input) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
   m.impl("eq_linear_fwd", &eq_linear_fwd);
   m.impl("eq_linear_bwd_weight", &eq_linear_bwd_weight);
+  m.impl("eq_group_dft", &eq_group_dft_op);
 }
 
 }  // namespace flash_eqlinear

@@ -33,9 +33,19 @@ _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
 BACKEND = os.environ.get("FLASH_EQLINEAR_BACKEND", "auto").strip().lower() or "auto"
 if BACKEND not in _BACKENDS:
     raise ValueError(f"FLASH_EQLINEAR_BACKEND must be one of {_BACKENDS}, got {BACKEND!r}")
-# grad_planes / grad_bias from the fused weight-gradient kernels (default); "0" falls back to the
-# reference reductions (stock torch matmuls) for comparison.
-FUSED_WEIGHT_GRAD = os.environ.get("FLASH_EQLINEAR_FUSED_WEIGHT_GRAD", "1").strip() != "0"
+# How grad_planes / grad_bias are computed on the CUDA path (FLASH_EQLINEAR_WEIGHT_GRAD):
+#   "auto"      by size: "fused" for small layers, "gemm" for large ones (H100 timings)
+#   "fused"     the fused weight-gradient kernels (no workspace)
+#   "gemm"      one group-DFT pass per operand into Fourier planes (a workspace of 1.25x x and 1x
+#               grad_y), then four cuBLAS GEMMs (cuBLAS's tensor-core / FFMA peak on large layers)
+#   "reference" the reference reductions (stock torch ops), for comparison
+_WEIGHT_GRAD_MODES = ("auto", "fused", "gemm", "reference")
+WEIGHT_GRAD = os.environ.get("FLASH_EQLINEAR_WEIGHT_GRAD", "auto").strip().lower() or "auto"
+if WEIGHT_GRAD not in _WEIGHT_GRAD_MODES:
+    raise ValueError(f"FLASH_EQLINEAR_WEIGHT_GRAD must be one of {_WEIGHT_GRAD_MODES}, got {WEIGHT_GRAD!r}")
+# "auto" uses the GEMM form from this many output weights per plane (c * d) on: on an H100 (M = 32768,
+# c = d) the fused kernels win up to c = 512 and the GEMM form from c = 1024, in every dtype.
+GEMM_WEIGHT_GRAD_MIN_CD = 768 * 768
 
 
 def kernels_available() -> bool:
@@ -97,6 +107,41 @@ if kernels_available():
         c, d = x.shape[1] // 4, grad_y.shape[1] // 4
         return x.new_empty((4, d, c)), x.new_empty((d,))
 
+    @torch.library.register_fake("flash_eqlinear::eq_group_dft")
+    def _eq_group_dft_fake(t, input):
+        torch._check(
+            t.dim() == 2 and t.shape[1] % 4 == 0 and t.shape[1] > 0,
+            lambda: f"eq_group_dft: expected a 2-D (M, 4n) tensor, got {tuple(t.shape)}",
+        )
+        torch._check(t.dtype in _KERNEL_DTYPES, lambda: f"eq_group_dft: unsupported dtype {t.dtype}")
+        return t.new_empty((5 if input else 4, t.shape[0], t.shape[1] // 4))
+
+    def weight_grad_mode(c: int, d: int) -> str:
+        """The weight-gradient method the CUDA backward uses for a layer with these sizes."""
+        if WEIGHT_GRAD != "auto":
+            return WEIGHT_GRAD
+        return "gemm" if c * d >= GEMM_WEIGHT_GRAD_MIN_CD else "fused"
+
+    def _weight_grads_gemm(x, grad_y, needs_p, needs_b):
+        """grad_planes (4, d, c) and grad_bias (d,) as four GEMMs over Fourier planes (see
+        csrc/eq_group_dft.h for the plane layouts; the 1/2, 1/sqrt2 scales are folded into x's)."""
+        M, c, d = x.shape[0], x.shape[1] // 4, grad_y.shape[1] // 4
+        gb = grad_y.reshape(M, d, 4).sum((0, 2), dtype=torch.float32).to(grad_y.dtype) if needs_b else None
+        if not needs_p:
+            return None, gb
+        xf = torch.ops.flash_eqlinear.eq_group_dft(x, True)  # f0/2, f2/2, -fI/r2, fR/r2, fI/r2
+        gf = torch.ops.flash_eqlinear.eq_group_dft(grad_y, False)  # g0, g2, gR, gI
+        g_ri = gf[2:4].reshape(2 * M, d).t()  # [gR; gI]^T
+        gp = torch.stack(
+            [
+                gf[0].t() @ xf[0],  # P0
+                g_ri @ xf[3:5].reshape(2 * M, c),  # PR: gR fR + gI fI
+                g_ri @ xf[2:4].reshape(2 * M, c),  # PI: gI fR - gR fI
+                gf[1].t() @ xf[1],  # P2
+            ]
+        )
+        return gp, gb
+
     def _setup_context(ctx, inputs, output):
         x, planes, bias = inputs
         ctx.has_bias = bias is not None
@@ -112,10 +157,14 @@ if kernels_available():
             # fused kernel runs it; the (4, c, d) adjoint is a weight-sized copy.
             adj = reference.adjoint_planes(planes).contiguous()
             gx = torch.ops.flash_eqlinear.eq_linear_fwd(grad_y.contiguous(), adj, None)
-        if FUSED_WEIGHT_GRAD and (needs_p or needs_b):
+        if not (needs_p or needs_b):
+            return gx, None, None
+        mode = weight_grad_mode(planes.shape[2], planes.shape[1])
+        if mode == "fused":
             gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, grad_y.contiguous())
             return gx, gp if needs_p else None, gb if needs_b else None
-        # grad_planes / grad_bias: closed-form reference reductions (stock torch ops).
+        if mode == "gemm":
+            return gx, *_weight_grads_gemm(x, grad_y.contiguous(), needs_p, needs_b)
         _, gp, gb = reference.fourier_eq_linear_backward(grad_y, x, planes, (False, needs_p, needs_b))
         return gx, gp, gb
 

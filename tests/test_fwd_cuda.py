@@ -173,7 +173,11 @@ def test_torch_compile_fullgraph():
         assert torch.equal(compiled(x), model(x)) or rel_l2(compiled(x), model(x)) < 1e-6
 
 
-def test_torch_compile_training_step_matches_eager():
+@pytest.mark.parametrize("mode", ["fused", "gemm"])
+def test_torch_compile_training_step_matches_eager(mode, monkeypatch):
+    from flash_eqlinear import ops
+
+    monkeypatch.setattr(ops, "WEIGHT_GRAD", mode)
     torch.manual_seed(0)
     layers = [fe.FlashEQLinear(256, 512), torch.nn.GELU(), fe.FlashEQLinear(512, 128)]
     eager = torch.nn.Sequential(*layers).to(DEV)
@@ -228,13 +232,17 @@ def test_misuse_raises():
         fe.flash_eq_linear(x, planes[:3], b, group_size=4)
 
 
+@pytest.mark.parametrize("mode", ["fused", "gemm"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("M, c, d", [(257, 59, 48), (7, 3, 59), (129, 64, 64), (4097, 16, 200)])
 @pytest.mark.parametrize("which", ["grad_x", "grad_planes", "grad_bias"])
-def test_gradients_against_fp64(which, M, c, d, dtype):
-    # grad_x runs the fused forward kernel on the adjoint planes, grad_planes / grad_bias the fused
-    # weight-gradient kernel. Each gradient is compared with float64 autograd of the naive layer,
-    # relative to the error of F.linear's matching gradient.
+def test_gradients_against_fp64(which, M, c, d, dtype, mode, monkeypatch):
+    # grad_x runs the fused forward kernel on the adjoint planes, grad_planes / grad_bias the
+    # weight-gradient method `mode`. Each gradient is compared with float64 autograd of the naive
+    # layer, relative to the error of F.linear's matching gradient.
+    from flash_eqlinear import ops
+
+    monkeypatch.setattr(ops, "WEIGHT_GRAD", mode)
     k = ["grad_x", "grad_planes", "grad_bias"].index(which)
     x, planes, b = make(M, c, d, dtype, seed=M + c + d)
     g = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
@@ -338,6 +346,25 @@ def test_fused_weight_grad_fp16_range_and_alignment(dtype):
     _, rp, rb = reference.fourier_eq_linear_backward(gy.double(), x.double(), zeros)
     assert torch.isfinite(gp).all() and torch.isfinite(gb).all()
     assert rel_l2(gp, rp) < 4 * ROUNDOFF[dtype] and rel_l2(gb, rb) < 4 * ROUNDOFF[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("M, n", [(0, 3), (1, 1), (129, 59), (4097, 64)])
+@pytest.mark.parametrize("input", [True, False])
+def test_group_dft_planes(M, n, input, dtype):
+    # The Fourier planes of the GEMM weight gradient: float64 transform rounded once.
+    t = torch.randn(M, 4 * n, device=DEV, dtype=dtype)
+    out = torch.ops.flash_eqlinear.eq_group_dft(t, input)
+    t0, t1, t2, t3 = t.double().reshape(M, n, 4).unbind(-1)
+    f0, f2, fr, fi = t0 + t1 + t2 + t3, t0 - t1 + t2 - t3, t0 - t2, t3 - t1
+    h = 0.5**0.5
+    want = [f0 / 2, f2 / 2, -fi * h, fr * h, fi * h] if input else [f0, f2, fr, fi]
+    want = torch.stack(want)
+    assert out.shape == want.shape and out.dtype == dtype
+    tol = 1e-6 if dtype == torch.float32 else ROUNDOFF[dtype]
+    assert M == 0 or rel_l2(out, want) <= tol
+    if M:
+        torch.library.opcheck(torch.ops.flash_eqlinear.eq_group_dft.default, (t, input))
 
 
 def test_fused_weight_grad_in_autograd():

@@ -1,0 +1,34 @@
+// Group DFT (T = 4) of an interleaved tensor into separate Fourier planes: the operands of the
+// GEMM form of the weight gradient (flash_eqlinear/ops.py), where cuBLAS runs the plane products.
+//
+// Torch-free on purpose: this header and the kernel compile with plain nvcc.
+//
+//   src (M, n, 4)  interleaved, contiguous, aligned to 4 elements; f0 = x0+x1+x2+x3,
+//                  fR = x0-x2, fI = x3-x1, f2 = x0-x1+x2-x3 per (row, channel).
+//   dst            contiguous planes, each (M, n):
+//     input = true:  5 planes [f0/2, f2/2, -fI/sqrt2, fR/sqrt2, fI/sqrt2]  (x: the weight-gradient
+//                    scales folded in, and both (fR, fI) and (-fI, fR) adjacent, so that
+//                    grad_PR = [gR; gI]^T [fR; fI] and grad_PI = [gR; gI]^T [-fI; fR] are each one
+//                    GEMM over 2M rows)
+//     input = false: 4 planes [g0, g2, gR, gI]  (grad_y, unscaled: small fp16 gradients keep
+//                    their precision)
+// FP32 arithmetic, one rounding per stored value. Element type float, __half or __nv_bfloat16.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace flash_eqlinear {
+
+struct GroupDftParams {
+  const void* src;
+  void* dst;
+  int64_t M;   // rows (>= 0)
+  int64_t n;   // channels (>= 1)
+  bool input;  // true: the 5-plane x layout; false: the 4-plane grad_y layout
+};
+
+// One launch on `stream`; elem_bytes 4 (float) or 2 (bf16 ? __nv_bfloat16 : __half).
+cudaError_t eq_group_dft(const GroupDftParams& p, int elem_bytes, bool bf16, cudaStream_t stream);
+
+}  // namespace flash_eqlinear
