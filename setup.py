@@ -33,6 +33,10 @@ def _cuda_extension():
     if CUDA_HOME is None:
         return [], {}, "no CUDA toolkit found (set CUDA_HOME)"
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;8.9;9.0a")
+    # The Hopper (wgmma) kernels exist only in sm_90a code: build 9.0 as 9.0a.
+    archs = os.environ["TORCH_CUDA_ARCH_LIST"].replace(",", ";").replace(" ", ";").split(";")
+    archs = ["9.0a" if a in ("9.0", "9.0+PTX") else a for a in archs if a]
+    os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
     here = os.path.dirname(os.path.abspath(__file__))
     sources = sorted(glob.glob(os.path.join("csrc", "*.cu"))) + sorted(
         glob.glob(os.path.join("csrc", "*.cpp"))

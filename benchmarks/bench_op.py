@@ -15,6 +15,7 @@ Then: python benchmarks/plot.py benchmarks/results/NAME.json
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -58,6 +59,15 @@ def precision(y, ref) -> dict:
     }
 
 
+def portable(op, *args):
+    """op(*args) with the Hopper kernels switched off (the portable mma.sync path, for comparison)."""
+    os.environ["FLASH_EQLINEAR_SM90"] = "0"
+    try:
+        return op(*args)
+    finally:
+        del os.environ["FLASH_EQLINEAR_SM90"]
+
+
 def run_case(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int) -> dict:
     dt = DTYPES[dtype_name]
     C = D = 4 * c
@@ -81,6 +91,8 @@ def run_case(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int) ->
         "fourier_ref": lambda x: reference.fourier_eq_linear(x, planes, bias, 4),
         "flash": lambda x: torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, bias),
     }
+    if dt != torch.float32 and torch.cuda.get_device_capability()[0] == 9:
+        fns["flash_portable"] = lambda x: portable(torch.ops.flash_eqlinear.eq_linear_fwd, x, planes, bias)
     row = {"dtype": dtype_name, "c": c, "C": C, "D": D, "M": M, "buffers": nb}
     dense_flops = 2 * M * C * D
     our_flops = dense_flops * 6 / 16
@@ -178,8 +190,8 @@ def markdown(rows, ceilings, env) -> str:
         + ", ".join(f"{k} {v:.1f}" for k, v in ceilings.items()),
         "",
         "| dtype | c | C=D | F.linear ms | naive ms | fourier-ref ms | flash ms | flash TFLOP/s (% peak)"
-        " | floor ms | flash x F.linear | ref x F.linear | rel L2 flash / F.linear |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " | floor ms | flash x F.linear | ref x F.linear | portable flash ms | rel L2 flash / F.linear |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         p = r["precision"]
@@ -190,6 +202,7 @@ def markdown(rows, ceilings, env) -> str:
             f"{r['fourier_ref']['ms']:.4f} | {r['flash']['ms']:.4f} | {r['flash']['tflops']:.1f} "
             f"({r['flash']['pct_peak']:.0f}%) | {r['floor_ms']:.4f} | "
             f"**{r['flash']['speedup_vs_linear']:.2f}x** | {r['fourier_ref']['speedup_vs_linear']:.2f}x | "
+            f"{format(r['flash_portable']['ms'], '.4f') if 'flash_portable' in r else '-'} | "
             f"{p['flash']['rel_l2']:.2e} / {p['F.linear']['rel_l2']:.2e} |"
         )
     return "\n".join(lines)
@@ -223,7 +236,8 @@ def main(argv=None) -> int:
             print(
                 f"{dn} c={c:5d}: F.linear {r['F.linear']['ms']:.4f} ms, flash {fl['ms']:.4f} ms "
                 f"({fl['speedup_vs_linear']:.2f}x), ref {ref['speedup_vs_linear']:.2f}x, "
-                f"floor {r['floor_ms']:.4f} ms",
+                f"floor {r['floor_ms']:.4f} ms"
+                + (f", portable {r['flash_portable']['ms']:.4f} ms" if "flash_portable" in r else ""),
                 flush=True,
             )
             torch.cuda.empty_cache()

@@ -45,6 +45,7 @@
 #include <cuda_bf16.h>
 
 #include "eq_linear_fwd.h"
+#include "eq_linear_fwd_sm90.h"
 #include "eq_linear_mma_common.cuh"
 
 namespace flash_eqlinear {
@@ -53,7 +54,6 @@ namespace {
 constexpr int kBK = 32;                // channels (K) per pipeline stage
 constexpr int kXRowBytes = kBK * 4 * 2;  // 256 B: BK channels x 4 group values
 constexpr int kPRowBytes = kBK * 2;      // 64 B
-constexpr int kGroupM = 8;             // block rasterization: M tiles per L2 group
 
 template <int BM_, int BN_, int WARPS_M_, int WARPS_N_, int STAGES_, int MIN_BLOCKS_>
 struct TileCfg {
@@ -94,23 +94,6 @@ struct KParams {
 template <class T> constexpr int kLargeMinC = 1024;
 template <> constexpr int kLargeMinC<__nv_bfloat16> = 1536;
 
-// One LDS.128 worth of raw x (channels k, k+1 of one row) -> packed (k, k+1) A registers of the
-// four planes.
-template <class T>
-__device__ __forceinline__ void xform(const uint4 v, uint32_t& F0, uint32_t& FR, uint32_t& FI,
-                                      uint32_t& F2) {
-  constexpr bool kHalve = Elem<T>::kHalve;
-  const float2 a = Elem<T>::unpack(v.x), b = Elem<T>::unpack(v.y);  // channel k
-  const float2 e = Elem<T>::unpack(v.z), g = Elem<T>::unpack(v.w);  // channel k+1
-  float f0a, fra, fia, f2a, f0b, frb, fib, f2b;
-  dft4<kHalve>(a.x, a.y, b.x, b.y, f0a, fra, fia, f2a);
-  dft4<kHalve>(e.x, e.y, g.x, g.y, f0b, frb, fib, f2b);
-  F0 = Elem<T>::pack(f0a, f0b);
-  FR = Elem<T>::pack(fra, frb);
-  FI = Elem<T>::pack(fia, fib);
-  F2 = Elem<T>::pack(f2a, f2b);
-}
-
 // ---- the kernel --------------------------------------------------------------------------------
 // kFast: 16-byte cp.async (c % 8 == 0, x and planes 16-byte aligned); else the general loader.
 template <class T, class C, bool kFast>
@@ -124,19 +107,8 @@ eq_linear_fwd_mma_kernel(const KParams p) {
   const int gid = lane >> 2, tid4 = lane & 3;
   const int warp_m = warp % C::kWarpsM, warp_n = warp / C::kWarpsM;
 
-  // Rasterize in groups of kGroupM M tiles, sweeping all d tiles per group: the blocks resident
-  // at once share a few x panels and plane tiles in L2, instead of streaming all of x per d tile.
   int64_t m_tile, n_tile;
-  {
-    const int64_t num_m = gridDim.x, num_n = gridDim.y;
-    const int64_t lin = static_cast<int64_t>(blockIdx.y) * num_m + blockIdx.x;
-    const int64_t span = kGroupM * num_n;
-    const int64_t grp = lin / span, rem = lin - grp * span;
-    const int64_t first_m = grp * kGroupM;
-    const int64_t gsz = min(num_m - first_m, static_cast<int64_t>(kGroupM));
-    m_tile = first_m + rem % gsz;
-    n_tile = rem / gsz;
-  }
+  grouped_tile(static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x, gridDim.x, gridDim.y, m_tile, n_tile);
   const int64_t m0 = m_tile * BM;
   const int n0 = static_cast<int>(n_tile) * BN;
   const int64_t M = p.M;
@@ -350,11 +322,6 @@ eq_linear_fwd_mma_kernel(const KParams p) {
   cp_async_wait<0>();  // nothing real is pending; drain the empty groups before exit
 
   // ---- epilogue: y[m][o][0..3] from (a0, a2, aR, aI), + bias ----
-  // With the halved prologue (a = a_header / 2): y0 = a0 + a2 + sqrt2 aR etc.; without it the
-  // header's y0 = (a0 + a2) / 2 + aR / sqrt2.
-  constexpr bool kHalve = Elem<T>::kHalve;
-  const float kA = kHalve ? 1.f : 0.5f;
-  const float kR = kHalve ? 1.41421356237309515f : 0.70710678118654752f;
   const T* bias = static_cast<const T*>(p.bias);
   T* y = static_cast<T*>(p.y);
 #pragma unroll
@@ -377,11 +344,8 @@ eq_linear_fwd_mma_kernel(const KParams p) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int e = 2 * r8 + j;
-          const float a0 = acc[0][mt][nt][e], a2 = acc[1][mt][nt][e];
-          const float ar = acc[2][mt][nt][e], ai = acc[3][mt][nt][e];
-          const float s = fmaf(kA, a0 + a2, bo[j]), t = fmaf(kA, a0 - a2, bo[j]);
-          out[j][0] = Elem<T>::pack(fmaf(kR, ar, s), fmaf(-kR, ai, t));
-          out[j][1] = Elem<T>::pack(fmaf(-kR, ar, s), fmaf(kR, ai, t));
+          inverse_dft4<T>(acc[0][mt][nt][e], acc[1][mt][nt][e], acc[2][mt][nt][e], acc[3][mt][nt][e], bo[j],
+                          out[j][0], out[j][1]);
         }
         T* dst = y + (row * d + o) * 4;
         if (p.y_vec16) {  // d even, so o + 1 < d too
@@ -483,12 +447,17 @@ cudaError_t eq_linear_fwd_mma(const FwdParams& p, cudaStream_t stream) {
 
 }  // namespace
 
+// Hopper devices run the sm_90a kernel where it applies (eq_linear_fwd_sm90.cu), else these.
 cudaError_t eq_linear_fwd_fp16(const FwdParams& p, cudaStream_t stream) {
-  return eq_linear_fwd_mma<__half>(p, stream);
+  bool launched = false;
+  const cudaError_t e = eq_linear_fwd_sm90_fp16(p, stream, &launched);
+  return (launched || e != cudaSuccess) ? e : eq_linear_fwd_mma<__half>(p, stream);
 }
 
 cudaError_t eq_linear_fwd_bf16(const FwdParams& p, cudaStream_t stream) {
-  return eq_linear_fwd_mma<__nv_bfloat16>(p, stream);
+  bool launched = false;
+  const cudaError_t e = eq_linear_fwd_sm90_bf16(p, stream, &launched);
+  return (launched || e != cudaSuccess) ? e : eq_linear_fwd_mma<__nv_bfloat16>(p, stream);
 }
 
 }  // namespace flash_eqlinear

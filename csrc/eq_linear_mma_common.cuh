@@ -126,5 +126,49 @@ __device__ __forceinline__ void dft4(float x0, float x1, float x2, float x3, flo
   }
 }
 
+
+// One LDS.128 worth of raw x (channels k, k+1 of one row) -> packed (k, k+1) A registers of the
+// four planes.
+template <class T>
+__device__ __forceinline__ void xform(const uint4 v, uint32_t& F0, uint32_t& FR, uint32_t& FI,
+                                      uint32_t& F2) {
+  constexpr bool kHalve = Elem<T>::kHalve;
+  const float2 a = Elem<T>::unpack(v.x), b = Elem<T>::unpack(v.y);  // channel k
+  const float2 e = Elem<T>::unpack(v.z), g = Elem<T>::unpack(v.w);  // channel k+1
+  float f0a, fra, fia, f2a, f0b, frb, fib, f2b;
+  dft4<kHalve>(a.x, a.y, b.x, b.y, f0a, fra, fia, f2a);
+  dft4<kHalve>(e.x, e.y, g.x, g.y, f0b, frb, fib, f2b);
+  F0 = Elem<T>::pack(f0a, f0b);
+  FR = Elem<T>::pack(fra, frb);
+  FI = Elem<T>::pack(fia, fib);
+  F2 = Elem<T>::pack(f2a, f2b);
+}
+
+// Epilogue of one (row, output channel): y0..y3 from the accumulators (a0, a2, aR, aI) + bias b,
+// packed as (y0, y1), (y2, y3). With the halved fp16 prologue (a = a_header / 2) it is
+// y0 = a0 + a2 + sqrt2 aR etc.; without it the header's y0 = (a0 + a2) / 2 + aR / sqrt2.
+template <class T>
+__device__ __forceinline__ void inverse_dft4(float a0, float a2, float ar, float ai, float b, uint32_t& y01,
+                                             uint32_t& y23) {
+  constexpr float kA = Elem<T>::kHalve ? 1.f : 0.5f;
+  constexpr float kR = Elem<T>::kHalve ? 1.41421356237309515f : 0.70710678118654752f;
+  const float s = fmaf(kA, a0 + a2, b), t = fmaf(kA, a0 - a2, b);
+  y01 = Elem<T>::pack(fmaf(kR, ar, s), fmaf(-kR, ai, t));
+  y23 = Elem<T>::pack(fmaf(-kR, ar, s), fmaf(kR, ai, t));
+}
+
+// Block order for L2 reuse: consecutive linear block ids sweep all num_n d tiles of a group of
+// kGroupM M tiles, so the blocks resident at once share a few x panels and plane tiles.
+constexpr int kGroupM = 8;
+__device__ __forceinline__ void grouped_tile(int64_t lin, int64_t num_m, int64_t num_n, int64_t& m_tile,
+                                             int64_t& n_tile) {
+  const int64_t span = kGroupM * num_n;
+  const int64_t grp = lin / span, rem = lin - grp * span;
+  const int64_t first_m = grp * kGroupM;
+  const int64_t gsz = min(num_m - first_m, static_cast<int64_t>(kGroupM));
+  m_tile = first_m + rem % gsz;
+  n_tile = rem / gsz;
+}
+
 }  // namespace
 }  // namespace flash_eqlinear

@@ -67,6 +67,36 @@ def test_forward_matches_fp64(M, c, d, dtype):
     check_against_linear(y, x, planes, b)
 
 
+# Shapes the sm_90a kernel takes (c % 8 == 0, d even): ragged M, c not a multiple of its 32-channel
+# k tile, d not a multiple of its 64-channel tile, one full 128 x 64 tile, long K.
+SM90_SHAPES = [
+    (1, 8, 2),
+    (7, 16, 16),
+    (129, 48, 200),
+    (300, 200, 64),
+    (128, 64, 64),
+    (4097, 64, 48),
+    (1000, 520, 136),
+    (255, 2048, 70),
+]
+
+
+@pytest.mark.parametrize("path", ["sm90", "portable"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("M, c, d", SM90_SHAPES)
+def test_forward_each_path(M, c, d, dtype, path, monkeypatch):
+    # FLASH_EQLINEAR_SM90=0 forces the portable mma.sync kernel where the sm_90a one would run
+    # (elsewhere both settings run the portable kernel). Each path: fp64 criterion, bitwise repeatable.
+    monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1" if path == "sm90" else "0")
+    x, planes, b = make(M, c, d, dtype, seed=M + 3 * c + 7 * d)
+    op = torch.ops.flash_eqlinear.eq_linear_fwd
+    y = op(x, planes, b)
+    check_against_linear(y, x, planes, b)
+    assert torch.equal(op(x, planes, b), y)
+    x = (x.float() / x.float().abs().max() * 3e4).to(dtype)  # fp16: the halved prologue keeps this finite
+    check_against_linear(op(x, planes, None), x, planes, None)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_no_bias_and_unwritten_outputs(dtype):
     x, planes, _ = make(300, 59, 200, dtype)

@@ -1,0 +1,305 @@
+// Fused p4 EQ-Linear forward for Hopper (sm_90a): TMA loads, register-A wgmma, fp16 and bf16 from one
+// template. Math and layouts: eq_linear_fwd.h; the portable kernels (eq_linear_fwd_mma.cu) share the
+// group transform, the epilogue formula and the block order.
+//
+// Block: 128 rows x 64 output channels x the 4 accumulator sets (a0, a2, aR, aI), K = c in steps of
+// BK = 32 channels. Warpgroup 0 is the producer: one thread issues per k tile three TMA loads into
+// a 4-stage ring, completing on the stage's "full" mbarrier; warpgroups 1 and 2 are the consumers
+// (rows 0-63 and 64-127) and release a stage through its "empty" mbarrier (one arrival per warp)
+// once the wgmma groups that read it have retired. setmaxnreg moves registers from the producer
+// (40) to the consumers (232: 128 accumulators, 32 double-buffered A registers).
+//
+// Shared memory per stage (48 KB, 1024-byte aligned):
+//   x   2 x [128 rows][128 B]: channels k0..k0+15 and k0+16..k0+31 of rows m0.., 4 group values
+//       each (TMA box {64, 128} of x viewed as (M, 4c)), 128-byte swizzle: 16-byte chunk j of row r
+//       lands at chunk j ^ (r & 7).
+//   planes [4][64 rows][64 B]: P0, PR, PI, P2 rows n0.., channels k0..k0+31 (TMA box {32, 64, 4} of
+//       planes viewed as (4, d, c)), 64-byte swizzle: the K-major B operand of wgmma as is.
+//
+// A fragments (wgmma m64 register A = the mma.sync m16n8k16 A layout per warp): lane (gid, t) needs
+// rows gid and gid + 8 of its warp's 16, channels 2t, 2t+1 (regs 0, 1) and 2t+8, 2t+9 (regs 2, 3);
+// the 4 group values of 2 channels are one 16-byte chunk (t, resp. t + 4), so one LDS.128 yields the
+// packed register of all four transformed planes (F0, FR, FI, F2; FP32 math, one rounding). Rows r
+// and r+1 read by one quarter-warp would share banks (chunk j ^ (r & 7) stays in the same 64-byte
+// half), so odd rows load their high chunk first: each quarter-warp covers all 32 banks once.
+// Per k16 step six wgmma m64n64k16 (aR += FR PR, aI += FR PI, a0 += F0 P0, a2 += F2 P2,
+// aR += -FI PI via the A scale immediate, aI += FI PR) form one commit group; the A registers are
+// double buffered so the next step's fragments are built while this group runs.
+//
+// Epilogue: the inverse transform + bias in FP32 registers, one 16-byte store per (row, o pair) of
+// the interleaved (M, d, 4) output.
+//
+// Requirements (checked by the host, which otherwise falls back to the portable kernels): an sm_90
+// device running sm_90a code, c % 8 == 0 (TMA row strides are multiples of 16 bytes), d even, x,
+// planes and y 16-byte aligned, M < 2^31 - 128 (TMA coordinates are 32-bit).
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through the runtime
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#include "eq_linear_fwd.h"
+#include "eq_linear_fwd_sm90.h"
+#include "eq_linear_mma_common.cuh"
+#include "eq_linear_sm90.cuh"
+
+namespace flash_eqlinear {
+namespace {
+
+constexpr int kBM = 128, kBN = 64, kBK = 32, kStages = 4;
+constexpr int kConsumerWarps = 8, kThreads = 128 + 32 * kConsumerWarps;
+constexpr uint32_t kXSub = kBM * 128;          // one 16-channel x sub-tile: 16 KB
+constexpr uint32_t kPlane = kBN * kBK * 2;      // one plane tile: 4 KB
+constexpr uint32_t kStageBytes = 2 * kXSub + 4 * kPlane;
+constexpr int kSmem = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers + alignment slack
+
+struct Sm90Params {
+  const void* bias;  // (d,) or nullptr
+  void* y;           // (M, d, 4)
+  int64_t M;
+  int d, k_tiles, num_m, num_n;
+};
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1)
+eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
+                          const Sm90Params p) {
+#ifdef FLASH_EQLINEAR_WGMMA
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+  const uint32_t full_bar = base + kStages * kStageBytes, empty_bar = full_bar + 8 * kStages;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  int64_t m_tile, n_tile;
+  grouped_tile(blockIdx.x, p.num_m, p.num_n, m_tile, n_tile);
+  const int m0 = static_cast<int>(m_tile) * kBM, n0 = static_cast<int>(n_tile) * kBN;
+  const int KT = p.k_tiles;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_bar + 8 * s, 1);
+      mbar_init(empty_bar + 8 * s, kConsumerWarps);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (warp < 4) {  // ---- producer warpgroup ----
+    setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_desc(&tm_x);
+      tma_prefetch_desc(&tm_p);
+      for (int kt = 0; kt < KT; ++kt) {
+        const int s = kt % kStages;
+        if (kt >= kStages) mbar_wait(empty_bar + 8 * s, ((kt / kStages) - 1) & 1);
+        const uint32_t st = base + s * kStageBytes, bar = full_bar + 8 * s;
+        mbar_arrive_expect_tx(bar, kStageBytes);
+        tma_load_2d(st, &tm_x, kt * kBK * 4, m0, bar);
+        tma_load_2d(st + kXSub, &tm_x, kt * kBK * 4 + 64, m0, bar);
+        tma_load_3d(st + 2 * kXSub, &tm_p, kt * kBK, n0, 0, bar);
+      }
+    }
+    return;
+  }
+  setmaxnreg_inc<232>();
+
+  // ---- consumers ----
+  const int gid = lane >> 2, t = lane & 3, odd = gid & 1;
+  const int row = (warp - 4) * 16 + gid;  // tile row of regs 0/2; +8 for regs 1/3
+  // First / second LDS.128 chunk of the row (row & 7 == gid): k lo first for even rows, k hi for odd.
+  const uint32_t x_first = row * 128 + (((t + 4 * odd) ^ gid) << 4);
+  const uint32_t x_second = row * 128 + (((t + 4 * (odd ^ 1)) ^ gid) << 4);
+  const uint64_t desc0 = wgmma_desc_sw64(base + 2 * kXSub);  // stage 0, plane P0, k16 step 0
+
+  float acc[4][8][4];  // sets: 0 = a0, 1 = a2, 2 = aR, 3 = aI; [n8 block][C fragment]
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[s][j][r] = 0.f;
+
+  uint32_t fa[2][4][4] = {};  // [buffer][F0, FR, FI, F2][A fragment register]
+  for (int kt = 0; kt < KT; ++kt) {
+    const int s = kt % kStages;
+    mbar_wait(full_bar + 8 * s, (kt / kStages) & 1);
+    const uint32_t st = base + s * kStageBytes;
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      uint32_t(&f)[4][4] = fa[ks];
+      const uint32_t xs = st + ks * kXSub;
+      uint4 v[4];  // rows (row, row + 8) x (first, second chunk)
+      v[0] = lds128(xs + x_first);
+      v[1] = lds128(xs + x_first + 8 * 128);
+      v[2] = lds128(xs + x_second);
+      v[3] = lds128(xs + x_second + 8 * 128);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {  // fragment register r: row + 8 (r & 1), k hi (r >> 1)
+        const bool first = (r >> 1) == odd;
+        const uint4 u = first ? v[r & 1] : v[2 + (r & 1)];
+        xform<T>(u, f[0][r], f[1][r], f[2][r], f[3][r]);
+      }
+      const uint64_t dk = desc0 + ((s * kStageBytes + ks * 32) >> 4);
+      const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
+      wgmma_fence();
+      wgmma_m64n64k16_rs<T, 1>(acc[2], f[1], dr);
+      wgmma_m64n64k16_rs<T, 1>(acc[3], f[1], di);
+      wgmma_m64n64k16_rs<T, 1>(acc[0], f[0], d0);
+      wgmma_m64n64k16_rs<T, 1>(acc[1], f[3], d2);
+      wgmma_m64n64k16_rs<T, -1>(acc[2], f[2], di);
+      wgmma_m64n64k16_rs<T, 1>(acc[3], f[2], dr);
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous step's group has retired: its A buffer and stage are free
+#pragma unroll
+      for (int op = 0; op < 4; ++op) reg_fence(fa[ks ^ 1][op]);
+      // At ks == 0 that previous group was tile kt-1's last: release its stage.
+      if (ks == 0 && kt > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((kt - 1) % kStages));
+    }
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    reg_fence(acc[s]);
+    reg_fence(fa[0][s]);
+    reg_fence(fa[1][s]);
+  }
+
+  // ---- epilogue ----
+  const T* bias = static_cast<const T*>(p.bias);
+  T* y = static_cast<T*>(p.y);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int o = n0 + 8 * j + 2 * t;
+    if (o >= p.d) continue;  // d even: o + 1 < d too
+    float bo[2] = {0.f, 0.f};
+    if (bias != nullptr) {
+      bo[0] = Elem<T>::to_float(bias[o]);
+      bo[1] = Elem<T>::to_float(bias[o + 1]);
+    }
+#pragma unroll
+    for (int r8 = 0; r8 < 2; ++r8) {
+      const int64_t m = static_cast<int64_t>(m0) + row + 8 * r8;
+      if (m >= p.M) continue;
+      uint32_t out[2][2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int e = 2 * r8 + i;
+        inverse_dft4<T>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i], out[i][0], out[i][1]);
+      }
+      *reinterpret_cast<uint4*>(y + (m * p.d + o) * 4) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
+    }
+  }
+#else
+  (void)tm_x, (void)tm_p, (void)p;
+  __trap();
+#endif
+}
+
+// ---- host side -------------------------------------------------------------------------------------
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiled encoder() {
+  static const EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<EncodeTiled>(f);
+  }();
+  return fn;
+}
+
+// Row-major tensor of 16-bit elements: dims / byte strides innermost first (strides of dims 1..rank-1).
+bool encode(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
+            const cuuint32_t* box, CUtensorMapSwizzle swizzle) {
+  const EncodeTiled fn = encoder();
+  const cuuint32_t unit[3] = {1, 1, 1};
+  return fn != nullptr && fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, rank, const_cast<void*>(ptr), dims, strides,
+                             box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The kernel body exists only in sm_90a machine code; a device that picked other code (an sm_90
+// binary, or PTX of an older target compiled at load time) must not launch it. Cached per device.
+template <class T>
+bool runs_sm90a(int dev) {
+  static int8_t known[64] = {};  // 0 unknown, 1 yes, -1 no (benign race: every writer writes the same)
+  if (dev < 0 || dev >= 64) return false;
+  if (known[dev] == 0) {
+    cudaFuncAttributes attr;
+    const bool ok = cudaFuncGetAttributes(&attr, eq_linear_fwd_sm90_kernel<T>) == cudaSuccess &&
+                    attr.binaryVersion == 90 && attr.ptxVersion == 90;
+    cudaGetLastError();  // a failed query leaves no sticky state behind for the caller
+    known[dev] = ok ? 1 : -1;
+  }
+  return known[dev] == 1;
+}
+
+bool aligned16(const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; }
+
+template <class T>
+cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
+  *launched = false;
+  if (!sm90_path_enabled() || p.M <= 0 || p.M > 0x7fffffff - kBM || p.c % 8 != 0 || p.d % 2 != 0 ||
+      p.c > 0x3fffffff / 4 || p.d > 0x7fffffff - kBN || !aligned16(p.x) || !aligned16(p.planes) || !aligned16(p.y))
+    return cudaSuccess;
+  int dev = 0, major = 0, smem_optin = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (e != cudaSuccess) return e;
+  if (major != 9 || smem_optin < kSmem || !runs_sm90a<T>(dev)) return cudaSuccess;
+
+  const int64_t num_m = (p.M + kBM - 1) / kBM, num_n = (p.d + kBN - 1) / kBN;
+  if (num_m * num_n > 0x7fffffff) return cudaSuccess;
+
+  CUtensorMap tm_x, tm_p;
+  const cuuint64_t x_dims[2] = {static_cast<cuuint64_t>(4 * p.c), static_cast<cuuint64_t>(p.M)};
+  const cuuint64_t x_strides[1] = {static_cast<cuuint64_t>(8 * p.c)};
+  const cuuint32_t x_box[2] = {64, kBM};
+  const cuuint64_t p_dims[3] = {static_cast<cuuint64_t>(p.c), static_cast<cuuint64_t>(p.d), 4};
+  const cuuint64_t p_strides[2] = {static_cast<cuuint64_t>(2 * p.c), static_cast<cuuint64_t>(2 * p.c * p.d)};
+  const cuuint32_t p_box[3] = {kBK, kBN, 4};
+  if (!encode(&tm_x, p.x, 2, x_dims, x_strides, x_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode(&tm_p, p.planes, 3, p_dims, p_strides, p_box, CU_TENSOR_MAP_SWIZZLE_64B))
+    return cudaSuccess;  // no encoder (old driver) or a shape it rejects: the portable kernel runs
+
+  Sm90Params kp;
+  kp.bias = p.bias;
+  kp.y = p.y;
+  kp.M = p.M;
+  kp.d = static_cast<int>(p.d);
+  kp.k_tiles = static_cast<int>((p.c + kBK - 1) / kBK);
+  kp.num_m = static_cast<int>(num_m);
+  kp.num_n = static_cast<int>(num_n);
+  auto kernel = eq_linear_fwd_sm90_kernel<T>;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (e != cudaSuccess) return e;
+  kernel<<<static_cast<unsigned>(num_m * num_n), kThreads, kSmem, stream>>>(tm_x, tm_p, kp);
+  *launched = true;
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool sm90_path_enabled() {
+  const char* v = std::getenv("FLASH_EQLINEAR_SM90");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+cudaError_t eq_linear_fwd_sm90_fp16(const FwdParams& p, cudaStream_t stream, bool* launched) {
+  return fwd_sm90<__half>(p, stream, launched);
+}
+
+cudaError_t eq_linear_fwd_sm90_bf16(const FwdParams& p, cudaStream_t stream, bool* launched) {
+  return fwd_sm90<__nv_bfloat16>(p, stream, launched);
+}
+
+}  // namespace flash_eqlinear

@@ -1,0 +1,21 @@
+// Hopper (sm_90a) fp16 / bf16 forward: entry points used by the portable launcher
+// (eq_linear_fwd_mma.cu), which tries them first. Layouts and math: eq_linear_fwd.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "eq_linear_fwd.h"
+
+namespace flash_eqlinear {
+
+// False when FLASH_EQLINEAR_SM90=0: the Hopper kernels are skipped (the portable ones run), for
+// testing both paths on one GPU.
+bool sm90_path_enabled();
+
+// Launch when the device, the build, the shape and the alignments allow it (*launched = true, the
+// launch error returned); otherwise launch nothing, *launched = false, cudaSuccess (unless a device
+// query failed).
+cudaError_t eq_linear_fwd_sm90_fp16(const FwdParams& p, cudaStream_t stream, bool* launched);
+cudaError_t eq_linear_fwd_sm90_bf16(const FwdParams& p, cudaStream_t stream, bool* launched);
+
+}  // namespace flash_eqlinear
