@@ -8,6 +8,11 @@
 // (rows 0-63 and 64-127) and release a stage through its "empty" mbarrier (one arrival per warp)
 // once the wgmma groups that read it have retired. setmaxnreg moves registers from the producer
 // (40) to the consumers (232: 128 accumulators, 32 double-buffered A registers).
+// Clusters of 2 blocks share an M tile (adjacent d tiles): each loads one of the two x sub-tiles of a
+// stage and multicasts it to both, halving the L2 traffic of x (the larger operand: 128 rows x 4
+// group values against 64 plane rows x 4 planes). A stage is refilled only when the consumers of both
+// blocks have released it (16 arrivals on each block's "empty" barrier). The planes are loaded with
+// the L2 evict-last priority: every M tile re-reads them, while x streams through.
 //
 // Shared memory per stage (48 KB, 1024-byte aligned):
 //   x   2 x [128 rows][128 B]: channels k0..k0+15 and k0+16..k0+31 of rows m0.., 4 group values
@@ -61,53 +66,15 @@ struct Sm90Params {
   const void* bias;  // (d,) or nullptr
   void* y;           // (M, d, 4)
   int64_t M;
-  int d, k_tiles, num_m, num_n;
+  int d, k_tiles, num_m, num_groups;  // num_groups: d tiles / cluster size, rounded up
+  uint64_t x_policy, p_policy;        // L2 eviction priorities of the x and plane loads
 };
 
-template <class T>
-__global__ void __launch_bounds__(kThreads, 1)
-eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
-                          const Sm90Params p) {
-#ifdef FLASH_EQLINEAR_WGMMA
-  extern __shared__ unsigned char smem_raw[];
-  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
-  const uint32_t full_bar = base + kStages * kStageBytes, empty_bar = full_bar + 8 * kStages;
+// The consumer warpgroups' main loop and epilogue (warps 4-11).
+template <class T, int kCluster, bool kH2, int kBufs>
+__device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
+                                        int m0, int n0, int KT) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-
-  int64_t m_tile, n_tile;
-  grouped_tile(blockIdx.x, p.num_m, p.num_n, m_tile, n_tile);
-  const int m0 = static_cast<int>(m_tile) * kBM, n0 = static_cast<int>(n_tile) * kBN;
-  const int KT = p.k_tiles;
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_bar + 8 * s, 1);
-      mbar_init(empty_bar + 8 * s, kConsumerWarps);
-    }
-    mbar_fence_init();
-  }
-  __syncthreads();
-
-  if (warp < 4) {  // ---- producer warpgroup ----
-    setmaxnreg_dec<40>();
-    if (threadIdx.x == 0) {
-      tma_prefetch_desc(&tm_x);
-      tma_prefetch_desc(&tm_p);
-      for (int kt = 0; kt < KT; ++kt) {
-        const int s = kt % kStages;
-        if (kt >= kStages) mbar_wait(empty_bar + 8 * s, ((kt / kStages) - 1) & 1);
-        const uint32_t st = base + s * kStageBytes, bar = full_bar + 8 * s;
-        mbar_arrive_expect_tx(bar, kStageBytes);
-        tma_load_2d(st, &tm_x, kt * kBK * 4, m0, bar);
-        tma_load_2d(st + kXSub, &tm_x, kt * kBK * 4 + 64, m0, bar);
-        tma_load_3d(st + 2 * kXSub, &tm_p, kt * kBK, n0, 0, bar);
-      }
-    }
-    return;
-  }
-  setmaxnreg_inc<232>();
-
-  // ---- consumers ----
   const int gid = lane >> 2, t = lane & 3, odd = gid & 1;
   const int row = (warp - 4) * 16 + gid;  // tile row of regs 0/2; +8 for regs 1/3
   // First / second LDS.128 chunk of the row (row & 7 == gid): k lo first for even rows, k hi for odd.
@@ -123,49 +90,67 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[s][j][r] = 0.f;
 
-  uint32_t fa[2][4][4] = {};  // [buffer][F0, FR, FI, F2][A fragment register]
-  for (int kt = 0; kt < KT; ++kt) {
-    const int s = kt % kStages;
-    mbar_wait(full_bar + 8 * s, (kt / kStages) & 1);
-    const uint32_t st = base + s * kStageBytes;
+  // kBufs A fragment buffers: after committing k16 step k, wait until at most kBufs - 1 groups are
+  // pending, so the buffer step k + 1 overwrites (that of step k + 1 - kBufs) has been read.
+  uint32_t fa[kBufs][4][4] = {};  // [buffer][F0, FR, FI, F2][A fragment register]
+  for (int kt0 = 0; kt0 < KT; kt0 += kBufs) {  // kBufs tiles = 2 kBufs steps: buffer indices repeat
 #pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      uint32_t(&f)[4][4] = fa[ks];
-      const uint32_t xs = st + ks * kXSub;
-      uint4 v[4];  // rows (row, row + 8) x (first, second chunk)
-      v[0] = lds128(xs + x_first);
-      v[1] = lds128(xs + x_first + 8 * 128);
-      v[2] = lds128(xs + x_second);
-      v[3] = lds128(xs + x_second + 8 * 128);
+    for (int i = 0; i < kBufs; ++i) {
+      const int kt = kt0 + i;
+      if (kt >= KT) break;
+      const int s = kt % kStages;
+      mbar_wait(full_bar + 8 * s, (kt / kStages) & 1);
+      const uint32_t st = base + s * kStageBytes;
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {  // fragment register r: row + 8 (r & 1), k hi (r >> 1)
-        const bool first = (r >> 1) == odd;
-        const uint4 u = first ? v[r & 1] : v[2 + (r & 1)];
-        xform<T>(u, f[0][r], f[1][r], f[2][r], f[3][r]);
+      for (int ks = 0; ks < 2; ++ks) {
+        const int step = 2 * i + ks;  // compile-time after unrolling
+        uint32_t(&f)[4][4] = fa[step % kBufs];
+        const uint32_t xs = st + ks * kXSub;
+        uint4 v[4];  // rows (row, row + 8) x (first, second chunk)
+        v[0] = lds128(xs + x_first);
+        v[1] = lds128(xs + x_first + 8 * 128);
+        v[2] = lds128(xs + x_second);
+        v[3] = lds128(xs + x_second + 8 * 128);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {  // fragment register r: row + 8 (r & 1), k hi (r >> 1)
+          const bool first = (r >> 1) == odd;
+          const uint4 u = first ? v[r & 1] : v[2 + (r & 1)];
+          if constexpr (kH2)
+            xform_h2<T>(u, f[0][r], f[1][r], f[2][r], f[3][r]);
+          else
+            xform<T>(u, f[0][r], f[1][r], f[2][r], f[3][r]);
+        }
+        const uint64_t dk = desc0 + ((s * kStageBytes + ks * 32) >> 4);
+        const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
+        wgmma_fence();
+        wgmma_m64n64k16_rs<T, 1>(acc[2], f[1], dr);
+        wgmma_m64n64k16_rs<T, 1>(acc[3], f[1], di);
+        wgmma_m64n64k16_rs<T, 1>(acc[0], f[0], d0);
+        wgmma_m64n64k16_rs<T, 1>(acc[1], f[3], d2);
+        wgmma_m64n64k16_rs<T, -1>(acc[2], f[2], di);
+        wgmma_m64n64k16_rs<T, 1>(acc[3], f[2], dr);
+        wgmma_commit();
+        wgmma_wait<kBufs - 1>();
+#pragma unroll
+        for (int op = 0; op < 4; ++op) reg_fence(fa[(step + 1) % kBufs][op]);
+        // Tile kt-1's last step (2kt - 1) has retired once step 2kt - 1 + kBufs - 1 was committed:
+        // release its stage in every block of the cluster.
+        if (ks == kBufs - 2 && kt > 0 && lane == 0) {
+#pragma unroll
+          for (int r = 0; r < kCluster; ++r) {
+            const uint32_t bar = empty_bar + 8 * ((kt - 1) % kStages);
+            if (kCluster == 1) mbar_arrive(bar); else mbar_arrive_cluster(cluster_map(bar, r));
+          }
+        }
       }
-      const uint64_t dk = desc0 + ((s * kStageBytes + ks * 32) >> 4);
-      const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
-      wgmma_fence();
-      wgmma_m64n64k16_rs<T, 1>(acc[2], f[1], dr);
-      wgmma_m64n64k16_rs<T, 1>(acc[3], f[1], di);
-      wgmma_m64n64k16_rs<T, 1>(acc[0], f[0], d0);
-      wgmma_m64n64k16_rs<T, 1>(acc[1], f[3], d2);
-      wgmma_m64n64k16_rs<T, -1>(acc[2], f[2], di);
-      wgmma_m64n64k16_rs<T, 1>(acc[3], f[2], dr);
-      wgmma_commit();
-      wgmma_wait<1>();  // the previous step's group has retired: its A buffer and stage are free
-#pragma unroll
-      for (int op = 0; op < 4; ++op) reg_fence(fa[ks ^ 1][op]);
-      // At ks == 0 that previous group was tile kt-1's last: release its stage.
-      if (ks == 0 && kt > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((kt - 1) % kStages));
     }
   }
   wgmma_wait<0>();
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
     reg_fence(acc[s]);
-    reg_fence(fa[0][s]);
-    reg_fence(fa[1][s]);
+#pragma unroll
+    for (int b = 0; b < kBufs; ++b) reg_fence(fa[b][s]);
   }
 
   // ---- epilogue ----
@@ -193,11 +178,64 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
       *reinterpret_cast<uint4*>(y + (m * p.d + o) * 4) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
     }
   }
+}
+
+template <class T, int kCluster, bool kH2, int kBufs>
+__global__ void __launch_bounds__(kThreads, 1)
+eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
+                          const Sm90Params p) {
+#ifdef FLASH_EQLINEAR_WGMMA
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+  const uint32_t full_bar = base + kStages * kStageBytes, empty_bar = full_bar + 8 * kStages;
+
+  const uint32_t rank = kCluster == 1 ? 0 : cluster_ctarank();  // blockIdx.x % kCluster
+  int64_t m_tile, n_pair;
+  grouped_tile(blockIdx.x / kCluster, p.num_m, p.num_groups, m_tile, n_pair);
+  // With an odd number of d tiles the last pair's second block lies past d: its planes load as zeros
+  // and its stores are masked, but it still loads and multicasts its x sub-tile for its partner.
+  const int m0 = static_cast<int>(m_tile) * kBM, n0 = static_cast<int>(kCluster * n_pair + rank) * kBN;
+  const int KT = p.k_tiles;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_bar + 8 * s, 1);
+      mbar_init(empty_bar + 8 * s, kCluster * kConsumerWarps);
+    }
+    mbar_fence_init();
+  }
+  if (kCluster == 1) __syncthreads(); else cluster_sync();  // barriers initialised before any use
+
+  if (threadIdx.x < 128) {  // ---- producer warpgroup ----
+    setmaxnreg_dec<24>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_desc(&tm_x);
+      tma_prefetch_desc(&tm_p);
+      for (int kt = 0; kt < KT; ++kt) {
+        const int s = kt % kStages;
+        if (kt >= kStages) mbar_wait(empty_bar + 8 * s, ((kt / kStages) - 1) & 1);
+        const uint32_t st = base + s * kStageBytes, bar = full_bar + 8 * s;
+        mbar_arrive_expect_tx(bar, kStageBytes);  // both x sub-tiles (one from the partner) + planes
+        if (kCluster == 1) {
+          tma_load_2d(st, &tm_x, kt * kBK * 4, m0, bar, p.x_policy);
+          tma_load_2d(st + kXSub, &tm_x, kt * kBK * 4 + 64, m0, bar, p.x_policy);
+        } else {
+          tma_load_2d_multicast(st + rank * kXSub, &tm_x, kt * kBK * 4 + 64 * rank, m0, bar, 0x3, p.x_policy);
+        }
+        tma_load_3d(st + 2 * kXSub, &tm_p, kt * kBK, n0, 0, bar, p.p_policy);
+      }
+    }
+  } else {
+    setmaxnreg_inc<240>();
+    consume<T, kCluster, kH2, kBufs>(p, base, full_bar, empty_bar, m0, n0, KT);
+  }
+  if (kCluster > 1) cluster_sync();  // no block exits while its partner may still write to its shared memory
 #else
   (void)tm_x, (void)tm_p, (void)p;
   __trap();
 #endif
 }
+
 
 // ---- host side -------------------------------------------------------------------------------------
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -234,7 +272,7 @@ bool runs_sm90a(int dev) {
   if (dev < 0 || dev >= 64) return false;
   if (known[dev] == 0) {
     cudaFuncAttributes attr;
-    const bool ok = cudaFuncGetAttributes(&attr, eq_linear_fwd_sm90_kernel<T>) == cudaSuccess &&
+    const bool ok = cudaFuncGetAttributes(&attr, eq_linear_fwd_sm90_kernel<T, 1, true, 3>) == cudaSuccess &&
                     attr.binaryVersion == 90 && attr.ptxVersion == 90;
     cudaGetLastError();  // a failed query leaves no sticky state behind for the caller
     known[dev] = ok ? 1 : -1;
@@ -257,8 +295,13 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   if (e != cudaSuccess) return e;
   if (major != 9 || smem_optin < kSmem || !runs_sm90a<T>(dev)) return cudaSuccess;
 
-  const int64_t num_m = (p.M + kBM - 1) / kBM, num_n = (p.d + kBN - 1) / kBN;
-  if (num_m * num_n > 0x7fffffff) return cudaSuccess;
+  // Experiment knobs (to be removed): FLASH_EQLINEAR_SM90_CLUSTER=1|2, FLASH_EQLINEAR_SM90_PLANES_L2=last|normal.
+  const char* cv = std::getenv("FLASH_EQLINEAR_SM90_CLUSTER");
+  const int cluster = (cv != nullptr && std::strcmp(cv, "1") == 0) ? 1 : 2;
+  const char* pv = std::getenv("FLASH_EQLINEAR_SM90_PLANES_L2");
+  const uint64_t p_policy = (pv != nullptr && std::strcmp(pv, "last") == 0) ? kEvictLast : kEvictNormal;
+  const int64_t num_m = (p.M + kBM - 1) / kBM, num_groups = (p.d + cluster * kBN - 1) / (cluster * kBN);
+  if (num_m * num_groups * cluster > 0x7fffffff) return cudaSuccess;
 
   CUtensorMap tm_x, tm_p;
   const cuuint64_t x_dims[2] = {static_cast<cuuint64_t>(4 * p.c), static_cast<cuuint64_t>(p.M)};
@@ -278,13 +321,32 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.d = static_cast<int>(p.d);
   kp.k_tiles = static_cast<int>((p.c + kBK - 1) / kBK);
   kp.num_m = static_cast<int>(num_m);
-  kp.num_n = static_cast<int>(num_n);
-  auto kernel = eq_linear_fwd_sm90_kernel<T>;
+  kp.num_groups = static_cast<int>(num_groups);
+  kp.x_policy = kEvictNormal;
+  kp.p_policy = p_policy;
+  const char* vv = std::getenv("FLASH_EQLINEAR_SM90_VARIANT");
+  const char var = vv == nullptr ? 'b' : vv[0];
+  auto kernel = cluster == 2  ? eq_linear_fwd_sm90_kernel<T, 2, true, 3>
+                : var == 'a' ? eq_linear_fwd_sm90_kernel<T, 1, false, 2>
+                : var == 'b' ? eq_linear_fwd_sm90_kernel<T, 1, true, 2>
+                             : eq_linear_fwd_sm90_kernel<T, 1, true, 3>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (e != cudaSuccess) return e;
-  kernel<<<static_cast<unsigned>(num_m * num_n), kThreads, kSmem, stream>>>(tm_x, tm_p, kp);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(num_m * num_groups * cluster));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  e = cudaLaunchKernelEx(&cfg, kernel, tm_x, tm_p, kp);
   *launched = true;
-  return cudaGetLastError();
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 }  // namespace

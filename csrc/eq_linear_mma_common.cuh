@@ -16,6 +16,7 @@ namespace {
 template <class T> struct Elem;
 
 template <> struct Elem<__half> {
+  using H2 = __half2;
   static constexpr bool kHalve = true;  // prologue computes f / 2 (fp16 range)
   static __device__ __forceinline__ float2 unpack(uint32_t u) {
     return __half22float2(*reinterpret_cast<const __half2*>(&u));
@@ -35,6 +36,7 @@ template <> struct Elem<__half> {
 };
 
 template <> struct Elem<__nv_bfloat16> {
+  using H2 = __nv_bfloat162;
   static constexpr bool kHalve = false;
   static __device__ __forceinline__ float2 unpack(uint32_t u) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
@@ -142,6 +144,34 @@ __device__ __forceinline__ void xform(const uint4 v, uint32_t& F0, uint32_t& FR,
   FR = Elem<T>::pack(fra, frb);
   FI = Elem<T>::pack(fia, fib);
   F2 = Elem<T>::pack(f2a, f2b);
+}
+
+// xform in packed 16-bit arithmetic (about half the instructions): the same values, except that
+// f0 and f2 are rounded twice (after x0 + x2 and x1 + x3, then after their sum / difference) instead
+// of once. fp16 keeps the halving (x/2 products are exact).
+template <class T>
+__device__ __forceinline__ void xform_h2(const uint4 v, uint32_t& F0, uint32_t& FR, uint32_t& FI, uint32_t& F2) {
+  using H2 = typename Elem<T>::H2;
+  const auto h2 = [](uint32_t u) { return *reinterpret_cast<const H2*>(&u); };
+  const auto u32 = [](H2 h) { return *reinterpret_cast<const uint32_t*>(&h); };
+  // (channel k, channel k+1) pairs of each group value: low / high halves of the two channel words.
+  const H2 x0 = h2(__byte_perm(v.x, v.z, 0x5410)), x1 = h2(__byte_perm(v.x, v.z, 0x7632));
+  const H2 x2 = h2(__byte_perm(v.y, v.w, 0x5410)), x3 = h2(__byte_perm(v.y, v.w, 0x7632));
+  if constexpr (Elem<T>::kHalve) {
+    const H2 half = __float2half2_rn(0.5f), mhalf = __float2half2_rn(-0.5f);
+    const H2 u = __hmul2(x0, half), w = __hmul2(x3, half);
+    FR = u32(__hfma2(x2, mhalf, u));
+    FI = u32(__hfma2(x1, mhalf, w));
+    const H2 s02 = __hfma2(x2, half, u), s13 = __hfma2(x1, half, w);
+    F0 = u32(__hadd2(s02, s13));
+    F2 = u32(__hsub2(s02, s13));
+  } else {
+    FR = u32(__hsub2(x0, x2));
+    FI = u32(__hsub2(x3, x1));
+    const H2 s02 = __hadd2(x0, x2), s13 = __hadd2(x1, x3);
+    F0 = u32(__hadd2(s02, s13));
+    F2 = u32(__hsub2(s02, s13));
+  }
 }
 
 // Epilogue of one (row, output channel): y0..y3 from the accumulators (a0, a2, aR, aI) + bias b,
