@@ -1,32 +1,34 @@
 // Fused p4 EQ-Linear forward for Hopper (sm_90a): TMA loads, register-A wgmma, fp16 and bf16 from one
 // template. Math and layouts: eq_linear_fwd.h; the portable kernels (eq_linear_fwd_mma.cu) share the
-// group transform, the epilogue formula and the block order.
+// group transform's formulas, the epilogue and the block order.
 //
 // Block: 128 rows x 64 output channels x the 4 accumulator sets (a0, a2, aR, aI), K = c in steps of
-// BK = 32 channels. Warpgroup 0 is the producer: one thread issues per k tile three TMA loads into
-// a 4-stage ring, completing on the stage's "full" mbarrier; warpgroups 1 and 2 are the consumers
-// (rows 0-63 and 64-127) and release a stage through its "empty" mbarrier (one arrival per warp)
-// once the wgmma groups that read it have retired. setmaxnreg moves registers from the producer
-// (40) to the consumers (232: 128 accumulators, 32 double-buffered A registers).
-// Clusters of 2 blocks share an M tile (adjacent d tiles): each loads one of the two x sub-tiles of a
-// stage and multicasts it to both, halving the L2 traffic of x (the larger operand: 128 rows x 4
-// group values against 64 plane rows x 4 planes). A stage is refilled only when the consumers of both
-// blocks have released it (16 arrivals on each block's "empty" barrier). The planes are loaded with
-// the L2 evict-last priority: every M tile re-reads them, while x streams through.
+// BK = 32 channels. Warpgroup 0 is the producer: one thread issues per k tile the TMA loads of a
+// stage of a 4-stage ring, completing on the stage's "full" mbarrier; warpgroups 1 and 2 are the
+// consumers (rows 0-63 and 64-127) and release a stage through its "empty" mbarrier (one arrival
+// per warp) once the wgmma groups that read it have retired. setmaxnreg moves registers from the
+// producer (24) to the consumers (240: 128 accumulators, 32 double-buffered A registers).
+// The kernel is L2-bandwidth bound (profile at c = 2048: L2 ~80% busy, consumers mostly waiting on
+// the full barriers), so blocks run in clusters of 2 sharing an M tile (adjacent d tiles): each
+// loads one of the two x sub-tiles of a stage and multicasts it to both, which cuts the L2 reads
+// per block by a third (x: 128 rows x 4 group values per channel, planes: 64 rows x 4 planes). A
+// stage is then refilled only when the consumers of both blocks have released it.
 //
 // Shared memory per stage (48 KB, 1024-byte aligned):
-//   x   2 x [128 rows][128 B]: channels k0..k0+15 and k0+16..k0+31 of rows m0.., 4 group values
-//       each (TMA box {64, 128} of x viewed as (M, 4c)), 128-byte swizzle: 16-byte chunk j of row r
-//       lands at chunk j ^ (r & 7).
+//   x   2 x [128 rows][128 B]: 16 channels x 4 group values of rows m0.. (TMA box {64, 128} of x
+//       viewed as (M, 4c)), 128-byte swizzle: 16-byte chunk j of row r lands at chunk j ^ (r & 7).
 //   planes [4][64 rows][64 B]: P0, PR, PI, P2 rows n0.., channels k0..k0+31 (TMA box {32, 64, 4} of
 //       planes viewed as (4, d, c)), 64-byte swizzle: the K-major B operand of wgmma as is.
 //
 // A fragments (wgmma m64 register A = the mma.sync m16n8k16 A layout per warp): lane (gid, t) needs
 // rows gid and gid + 8 of its warp's 16, channels 2t, 2t+1 (regs 0, 1) and 2t+8, 2t+9 (regs 2, 3);
 // the 4 group values of 2 channels are one 16-byte chunk (t, resp. t + 4), so one LDS.128 yields the
-// packed register of all four transformed planes (F0, FR, FI, F2; FP32 math, one rounding). Rows r
-// and r+1 read by one quarter-warp would share banks (chunk j ^ (r & 7) stays in the same 64-byte
-// half), so odd rows load their high chunk first: each quarter-warp covers all 32 banks once.
+// packed register of all four transformed planes (F0, FR, FI, F2). Rows r and r+1 read by one
+// quarter-warp would share banks (chunk j ^ (r & 7) stays in the same 64-byte half), so odd rows
+// load their high chunk first (and select): each quarter-warp covers all 32 banks once. (64-byte
+// rows would avoid the select but double the TMA requests; measured 12% slower, L2-bound.)
+// The transform runs in packed 16-bit arithmetic (xform_h2): half the instructions of FP32 math,
+// which the profile showed limiting (the consumers issue the transform and the wgmma).
 // Per k16 step six wgmma m64n64k16 (aR += FR PR, aI += FR PI, a0 += F0 P0, a2 += F2 P2,
 // aR += -FI PI via the A scale immediate, aI += FI PR) form one commit group; the A registers are
 // double buffered so the next step's fragments are built while this group runs.
@@ -67,11 +69,10 @@ struct Sm90Params {
   void* y;           // (M, d, 4)
   int64_t M;
   int d, k_tiles, num_m, num_groups;  // num_groups: d tiles / cluster size, rounded up
-  uint64_t x_policy, p_policy;        // L2 eviction priorities of the x and plane loads
 };
 
 // The consumer warpgroups' main loop and epilogue (warps 4-11).
-template <class T, int kCluster, bool kH2, int kBufs>
+template <class T, int kCluster>
 __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
                                         int m0, int n0, int KT) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -90,57 +91,45 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[s][j][r] = 0.f;
 
-  // kBufs A fragment buffers: after committing k16 step k, wait until at most kBufs - 1 groups are
-  // pending, so the buffer step k + 1 overwrites (that of step k + 1 - kBufs) has been read.
-  uint32_t fa[kBufs][4][4] = {};  // [buffer][F0, FR, FI, F2][A fragment register]
-  for (int kt0 = 0; kt0 < KT; kt0 += kBufs) {  // kBufs tiles = 2 kBufs steps: buffer indices repeat
+  uint32_t fa[2][4][4] = {};  // [buffer = k16 step parity][F0, FR, FI, F2][A fragment register]
+  for (int kt = 0; kt < KT; ++kt) {
+    const int s = kt % kStages;
+    mbar_wait(full_bar + 8 * s, (kt / kStages) & 1);
+    const uint32_t st = base + s * kStageBytes;
 #pragma unroll
-    for (int i = 0; i < kBufs; ++i) {
-      const int kt = kt0 + i;
-      if (kt >= KT) break;
-      const int s = kt % kStages;
-      mbar_wait(full_bar + 8 * s, (kt / kStages) & 1);
-      const uint32_t st = base + s * kStageBytes;
+    for (int ks = 0; ks < 2; ++ks) {
+      uint32_t(&f)[4][4] = fa[ks];
+      const uint32_t xs = st + ks * kXSub;
+      uint4 v[4];  // rows (row, row + 8) x (first, second chunk)
+      v[0] = lds128(xs + x_first);
+      v[1] = lds128(xs + x_first + 8 * 128);
+      v[2] = lds128(xs + x_second);
+      v[3] = lds128(xs + x_second + 8 * 128);
 #pragma unroll
-      for (int ks = 0; ks < 2; ++ks) {
-        const int step = 2 * i + ks;  // compile-time after unrolling
-        uint32_t(&f)[4][4] = fa[step % kBufs];
-        const uint32_t xs = st + ks * kXSub;
-        uint4 v[4];  // rows (row, row + 8) x (first, second chunk)
-        v[0] = lds128(xs + x_first);
-        v[1] = lds128(xs + x_first + 8 * 128);
-        v[2] = lds128(xs + x_second);
-        v[3] = lds128(xs + x_second + 8 * 128);
+      for (int r = 0; r < 4; ++r)  // fragment register r: row + 8 (r & 1), k hi (r >> 1)
+        xform_h2<T>((r >> 1) == odd ? v[r & 1] : v[2 + (r & 1)], f[0][r], f[1][r], f[2][r], f[3][r]);
+      const uint64_t dk = desc0 + ((s * kStageBytes + ks * 32) >> 4);
+      const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
+      wgmma_fence();
+      wgmma_m64n64k16_rs<T, 1>(acc[2], f[1], dr);
+      wgmma_m64n64k16_rs<T, 1>(acc[3], f[1], di);
+      wgmma_m64n64k16_rs<T, 1>(acc[0], f[0], d0);
+      wgmma_m64n64k16_rs<T, 1>(acc[1], f[3], d2);
+      wgmma_m64n64k16_rs<T, -1>(acc[2], f[2], di);
+      wgmma_m64n64k16_rs<T, 1>(acc[3], f[2], dr);
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous step's group has retired: its A buffer (and stage) are free
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {  // fragment register r: row + 8 (r & 1), k hi (r >> 1)
-          const bool first = (r >> 1) == odd;
-          const uint4 u = first ? v[r & 1] : v[2 + (r & 1)];
-          if constexpr (kH2)
-            xform_h2<T>(u, f[0][r], f[1][r], f[2][r], f[3][r]);
+      for (int op = 0; op < 4; ++op) reg_fence(fa[ks ^ 1][op]);
+      // At ks == 0 that previous group was tile kt-1's last: release its stage in every block.
+      if (ks == 0 && kt > 0 && lane == 0) {
+        const uint32_t bar = empty_bar + 8 * ((kt - 1) % kStages);
+#pragma unroll
+        for (int r = 0; r < kCluster; ++r) {
+          if (kCluster == 1)
+            mbar_arrive(bar);
           else
-            xform<T>(u, f[0][r], f[1][r], f[2][r], f[3][r]);
-        }
-        const uint64_t dk = desc0 + ((s * kStageBytes + ks * 32) >> 4);
-        const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
-        wgmma_fence();
-        wgmma_m64n64k16_rs<T, 1>(acc[2], f[1], dr);
-        wgmma_m64n64k16_rs<T, 1>(acc[3], f[1], di);
-        wgmma_m64n64k16_rs<T, 1>(acc[0], f[0], d0);
-        wgmma_m64n64k16_rs<T, 1>(acc[1], f[3], d2);
-        wgmma_m64n64k16_rs<T, -1>(acc[2], f[2], di);
-        wgmma_m64n64k16_rs<T, 1>(acc[3], f[2], dr);
-        wgmma_commit();
-        wgmma_wait<kBufs - 1>();
-#pragma unroll
-        for (int op = 0; op < 4; ++op) reg_fence(fa[(step + 1) % kBufs][op]);
-        // Tile kt-1's last step (2kt - 1) has retired once step 2kt - 1 + kBufs - 1 was committed:
-        // release its stage in every block of the cluster.
-        if (ks == kBufs - 2 && kt > 0 && lane == 0) {
-#pragma unroll
-          for (int r = 0; r < kCluster; ++r) {
-            const uint32_t bar = empty_bar + 8 * ((kt - 1) % kStages);
-            if (kCluster == 1) mbar_arrive(bar); else mbar_arrive_cluster(cluster_map(bar, r));
-          }
+            mbar_arrive_cluster(cluster_map(bar, r));
         }
       }
     }
@@ -149,8 +138,8 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
     reg_fence(acc[s]);
-#pragma unroll
-    for (int b = 0; b < kBufs; ++b) reg_fence(fa[b][s]);
+    reg_fence(fa[0][s]);
+    reg_fence(fa[1][s]);
   }
 
   // ---- epilogue ----
@@ -180,21 +169,21 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
   }
 }
 
-template <class T, int kCluster, bool kH2, int kBufs>
+template <class T, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
                           const Sm90Params p) {
 #ifdef FLASH_EQLINEAR_WGMMA
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need aligned bases
   const uint32_t full_bar = base + kStages * kStageBytes, empty_bar = full_bar + 8 * kStages;
 
   const uint32_t rank = kCluster == 1 ? 0 : cluster_ctarank();  // blockIdx.x % kCluster
-  int64_t m_tile, n_pair;
-  grouped_tile(blockIdx.x / kCluster, p.num_m, p.num_groups, m_tile, n_pair);
+  int64_t m_tile, n_group;
+  grouped_tile(blockIdx.x / kCluster, p.num_m, p.num_groups, m_tile, n_group);
   // With an odd number of d tiles the last pair's second block lies past d: its planes load as zeros
   // and its stores are masked, but it still loads and multicasts its x sub-tile for its partner.
-  const int m0 = static_cast<int>(m_tile) * kBM, n0 = static_cast<int>(kCluster * n_pair + rank) * kBN;
+  const int m0 = static_cast<int>(m_tile) * kBM, n0 = static_cast<int>(kCluster * n_group + rank) * kBN;
   const int KT = p.k_tiles;
 
   if (threadIdx.x == 0) {
@@ -204,7 +193,10 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     }
     mbar_fence_init();
   }
-  if (kCluster == 1) __syncthreads(); else cluster_sync();  // barriers initialised before any use
+  if (kCluster == 1)
+    __syncthreads();
+  else
+    cluster_sync();  // every block's barriers are initialised before any multicast or remote arrival
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
     setmaxnreg_dec<24>();
@@ -215,27 +207,26 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
         const int s = kt % kStages;
         if (kt >= kStages) mbar_wait(empty_bar + 8 * s, ((kt / kStages) - 1) & 1);
         const uint32_t st = base + s * kStageBytes, bar = full_bar + 8 * s;
-        mbar_arrive_expect_tx(bar, kStageBytes);  // both x sub-tiles (one from the partner) + planes
+        mbar_arrive_expect_tx(bar, kStageBytes);  // both x sub-tiles (with a cluster, one from the partner)
         if (kCluster == 1) {
-          tma_load_2d(st, &tm_x, kt * kBK * 4, m0, bar, p.x_policy);
-          tma_load_2d(st + kXSub, &tm_x, kt * kBK * 4 + 64, m0, bar, p.x_policy);
+          tma_load_2d(st, &tm_x, kt * kBK * 4, m0, bar);
+          tma_load_2d(st + kXSub, &tm_x, kt * kBK * 4 + 64, m0, bar);
         } else {
-          tma_load_2d_multicast(st + rank * kXSub, &tm_x, kt * kBK * 4 + 64 * rank, m0, bar, 0x3, p.x_policy);
+          tma_load_2d_multicast(st + rank * kXSub, &tm_x, kt * kBK * 4 + 64 * rank, m0, bar, 0x3);
         }
-        tma_load_3d(st + 2 * kXSub, &tm_p, kt * kBK, n0, 0, bar, p.p_policy);
+        tma_load_3d(st + 2 * kXSub, &tm_p, kt * kBK, n0, 0, bar);
       }
     }
   } else {
     setmaxnreg_inc<240>();
-    consume<T, kCluster, kH2, kBufs>(p, base, full_bar, empty_bar, m0, n0, KT);
+    consume<T, kCluster>(p, base, full_bar, empty_bar, m0, n0, KT);
   }
-  if (kCluster > 1) cluster_sync();  // no block exits while its partner may still write to its shared memory
+  if (kCluster > 1) cluster_sync();  // no block exits while its partner may still write to it
 #else
   (void)tm_x, (void)tm_p, (void)p;
   __trap();
 #endif
 }
-
 
 // ---- host side -------------------------------------------------------------------------------------
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -272,7 +263,7 @@ bool runs_sm90a(int dev) {
   if (dev < 0 || dev >= 64) return false;
   if (known[dev] == 0) {
     cudaFuncAttributes attr;
-    const bool ok = cudaFuncGetAttributes(&attr, eq_linear_fwd_sm90_kernel<T, 1, true, 3>) == cudaSuccess &&
+    const bool ok = cudaFuncGetAttributes(&attr, eq_linear_fwd_sm90_kernel<T, 1>) == cudaSuccess &&
                     attr.binaryVersion == 90 && attr.ptxVersion == 90;
     cudaGetLastError();  // a failed query leaves no sticky state behind for the caller
     known[dev] = ok ? 1 : -1;
@@ -295,11 +286,9 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   if (e != cudaSuccess) return e;
   if (major != 9 || smem_optin < kSmem || !runs_sm90a<T>(dev)) return cudaSuccess;
 
-  // Experiment knobs (to be removed): FLASH_EQLINEAR_SM90_CLUSTER=1|2, FLASH_EQLINEAR_SM90_PLANES_L2=last|normal.
+  // Clusters of 2 whenever there are two d tiles to pair (FLASH_EQLINEAR_SM90_CLUSTER=1: never).
   const char* cv = std::getenv("FLASH_EQLINEAR_SM90_CLUSTER");
-  const int cluster = (cv != nullptr && std::strcmp(cv, "1") == 0) ? 1 : 2;
-  const char* pv = std::getenv("FLASH_EQLINEAR_SM90_PLANES_L2");
-  const uint64_t p_policy = (pv != nullptr && std::strcmp(pv, "last") == 0) ? kEvictLast : kEvictNormal;
+  const int cluster = (p.d > kBN && !(cv != nullptr && std::strcmp(cv, "1") == 0)) ? 2 : 1;
   const int64_t num_m = (p.M + kBM - 1) / kBM, num_groups = (p.d + cluster * kBN - 1) / (cluster * kBN);
   if (num_m * num_groups * cluster > 0x7fffffff) return cudaSuccess;
 
@@ -322,14 +311,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.k_tiles = static_cast<int>((p.c + kBK - 1) / kBK);
   kp.num_m = static_cast<int>(num_m);
   kp.num_groups = static_cast<int>(num_groups);
-  kp.x_policy = kEvictNormal;
-  kp.p_policy = p_policy;
-  const char* vv = std::getenv("FLASH_EQLINEAR_SM90_VARIANT");
-  const char var = vv == nullptr ? 'b' : vv[0];
-  auto kernel = cluster == 2  ? eq_linear_fwd_sm90_kernel<T, 2, true, 3>
-                : var == 'a' ? eq_linear_fwd_sm90_kernel<T, 1, false, 2>
-                : var == 'b' ? eq_linear_fwd_sm90_kernel<T, 1, true, 2>
-                             : eq_linear_fwd_sm90_kernel<T, 1, true, 3>;
+  auto kernel = cluster == 1 ? eq_linear_fwd_sm90_kernel<T, 1> : eq_linear_fwd_sm90_kernel<T, 2>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (e != cudaSuccess) return e;
   cudaLaunchConfig_t cfg = {};

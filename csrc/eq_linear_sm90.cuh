@@ -180,46 +180,38 @@ __device__ __forceinline__ void cluster_sync() {
 #endif
 }
 
-// L2 eviction priorities for TMA loads (the cache-policy encodings CUTLASS documents as constants).
-constexpr uint64_t kEvictNormal = 0x1000000000000000ull;
-constexpr uint64_t kEvictLast = 0x14F0000000000000ull;
-
 __device__ __forceinline__ void tma_prefetch_desc(const void* tmap) {
 #ifdef FLASH_EQLINEAR_WGMMA
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
 #endif
 }
 // Box at (c0, c1[, c2]) (innermost first, in elements) of the tensor map -> shared memory, completing
-// on bar; L2 eviction priority `policy`. Out-of-range elements arrive as zeros and count towards the
-// transaction bytes. The multicast form writes the box to the same offset in every CTA of ctas (a
-// bit mask of cluster ranks) and completes on the barrier at bar's offset in each of them.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int c0, int c1, uint32_t bar,
-                                            uint64_t policy) {
+// on bar. Out-of-range elements arrive as zeros and count towards the transaction bytes.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int c0, int c1, uint32_t bar) {
 #ifdef FLASH_EQLINEAR_WGMMA
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(dst), "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 #endif
 }
+// Multicast form: the box lands at the same offset in every CTA of ctas (a bit mask of cluster ranks)
+// and completes on the barrier at bar's offset in each of them.
 __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* tmap, int c0, int c1, uint32_t bar,
-                                                      uint16_t ctas, uint64_t policy) {
+                                                      uint16_t ctas) {
 #ifdef FLASH_EQLINEAR_WGMMA
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5, %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar), "h"(ctas), "l"(policy)
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar), "h"(ctas)
       : "memory");
 #endif
 }
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, int c0, int c1, int c2, uint32_t bar,
-                                            uint64_t policy) {
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, int c0, int c1, int c2, uint32_t bar) {
 #ifdef FLASH_EQLINEAR_WGMMA
   asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
+          "r"(dst), "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
 #endif
 }
