@@ -2,18 +2,18 @@
 // template. Math and layouts: eq_linear_fwd.h; the portable kernels (eq_linear_fwd_mma.cu) share the
 // group transform's formulas, the epilogue and the block order.
 //
-// Block: 128 rows x 64 output channels x the 4 accumulator sets (a0, a2, aR, aI), K = c in steps of
-// BK = 32 channels. Warpgroup 0 is the producer: one thread issues per k tile the TMA loads of a
-// stage of a 4-stage ring, completing on the stage's "full" mbarrier; warpgroups 1 and 2 are the
-// consumers (rows 0-63 and 64-127) and release a stage through its "empty" mbarrier (one arrival
-// per warp) once the wgmma groups that read it have retired. setmaxnreg moves registers from the
-// producer (24) to the consumers (240: 128 accumulators, 32 double-buffered A registers).
-// The kernel is L2-bandwidth bound (profile at c = 2048: L2 ~80% busy, consumers mostly waiting on
-// the full barriers), so blocks run in clusters of 2 sharing an M tile (adjacent d tiles): each
-// loads one of the two x sub-tiles of a stage and multicasts it to both, which cuts the L2 reads
-// per block by a third (x: 128 rows x 4 group values per channel, planes: 64 rows x 4 planes). A
-// stage is then refilled only when the consumers of both blocks have released it.
-//
+// Tile: 128 rows x 64 output channels x the 4 accumulator sets (a0, a2, aR, aI), K = c in steps of
+// BK = 32 channels. Persistent: one block per SM walks the tiles (grouped order, see grouped_tile)
+// with a stride of the grid size. Warpgroup 0 is the producer: one thread issues per k tile the TMA
+// loads of a stage of a 4-stage ring, completing on the stage's "full" mbarrier, running ahead into
+// the next tile while the consumers finish the current one; warpgroups 1 and 2 are the consumers
+// (rows 0-63 and 64-127) and release a stage through its "empty" mbarrier (one arrival per warp)
+// once the wgmma groups that read it have retired. So the pipeline fill of a tile overlaps the
+// previous tile's epilogue. setmaxnreg moves registers from the producer (24) to the consumers
+// (240: 128 accumulators, 32 double-buffered A registers).
+// Measured and dropped: clusters of 2 blocks sharing x through TMA multicast (a third less L2
+// traffic, no faster: the consumers, not L2, set the pace once the transform is cheap).
+
 // Shared memory per stage (48 KB, 1024-byte aligned):
 //   x   2 x [128 rows][128 B]: 16 channels x 4 group values of rows m0.. (TMA box {64, 128} of x
 //       viewed as (M, 4c)), 128-byte swizzle: 16-byte chunk j of row r lands at chunk j ^ (r & 7).
@@ -40,6 +40,7 @@
 // device running sm_90a code, c % 8 == 0 (TMA row strides are multiples of 16 bytes), d even, x,
 // planes and y 16-byte aligned, M < 2^31 - 128 (TMA coordinates are 32-bit).
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -68,13 +69,23 @@ struct Sm90Params {
   const void* bias;  // (d,) or nullptr
   void* y;           // (M, d, 4)
   int64_t M;
-  int d, k_tiles, num_m, num_groups;  // num_groups: d tiles / cluster size, rounded up
+  int d, k_tiles, num_m, num_n;
 };
 
-// The consumer warpgroups' main loop and epilogue (warps 4-11).
-template <class T, int kCluster>
+// Tile i of the persistent walk -> (first row, first output channel). (A template only so that
+// targets without the kernel body, which never call it, do not warn.)
+template <class P>
+__device__ __forceinline__ void tile_origin(const P& p, int64_t tile, int& m0, int& n0) {
+  int64_t m_tile, n_tile;
+  grouped_tile(tile, p.num_m, p.num_n, m_tile, n_tile);
+  m0 = static_cast<int>(m_tile) * kBM;
+  n0 = static_cast<int>(n_tile) * kBN;
+}
+
+// The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
+template <class T>
 __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
-                                        int m0, int n0, int KT) {
+                                        int64_t num_tiles) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, t = lane & 3, odd = gid & 1;
   const int row = (warp - 4) * 16 + gid;  // tile row of regs 0/2; +8 for regs 1/3
@@ -82,94 +93,92 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
   const uint32_t x_first = row * 128 + (((t + 4 * odd) ^ gid) << 4);
   const uint32_t x_second = row * 128 + (((t + 4 * (odd ^ 1)) ^ gid) << 4);
   const uint64_t desc0 = wgmma_desc_sw64(base + 2 * kXSub);  // stage 0, plane P0, k16 step 0
-
-  float acc[4][8][4];  // sets: 0 = a0, 1 = a2, 2 = aR, 3 = aI; [n8 block][C fragment]
-#pragma unroll
-  for (int s = 0; s < 4; ++s)
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc[s][j][r] = 0.f;
-
-  uint32_t fa[2][4][4] = {};  // [buffer = k16 step parity][F0, FR, FI, F2][A fragment register]
-  for (int kt = 0; kt < KT; ++kt) {
-    const int s = kt % kStages;
-    mbar_wait(full_bar + 8 * s, (kt / kStages) & 1);
-    const uint32_t st = base + s * kStageBytes;
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      uint32_t(&f)[4][4] = fa[ks];
-      const uint32_t xs = st + ks * kXSub;
-      uint4 v[4];  // rows (row, row + 8) x (first, second chunk)
-      v[0] = lds128(xs + x_first);
-      v[1] = lds128(xs + x_first + 8 * 128);
-      v[2] = lds128(xs + x_second);
-      v[3] = lds128(xs + x_second + 8 * 128);
-#pragma unroll
-      for (int r = 0; r < 4; ++r)  // fragment register r: row + 8 (r & 1), k hi (r >> 1)
-        xform_h2<T>((r >> 1) == odd ? v[r & 1] : v[2 + (r & 1)], f[0][r], f[1][r], f[2][r], f[3][r]);
-      const uint64_t dk = desc0 + ((s * kStageBytes + ks * 32) >> 4);
-      const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
-      wgmma_fence();
-      wgmma_m64n64k16_rs<T, 1>(acc[2], f[1], dr);
-      wgmma_m64n64k16_rs<T, 1>(acc[3], f[1], di);
-      wgmma_m64n64k16_rs<T, 1>(acc[0], f[0], d0);
-      wgmma_m64n64k16_rs<T, 1>(acc[1], f[3], d2);
-      wgmma_m64n64k16_rs<T, -1>(acc[2], f[2], di);
-      wgmma_m64n64k16_rs<T, 1>(acc[3], f[2], dr);
-      wgmma_commit();
-      wgmma_wait<1>();  // the previous step's group has retired: its A buffer (and stage) are free
-#pragma unroll
-      for (int op = 0; op < 4; ++op) reg_fence(fa[ks ^ 1][op]);
-      // At ks == 0 that previous group was tile kt-1's last: release its stage in every block.
-      if (ks == 0 && kt > 0 && lane == 0) {
-        const uint32_t bar = empty_bar + 8 * ((kt - 1) % kStages);
-#pragma unroll
-        for (int r = 0; r < kCluster; ++r) {
-          if (kCluster == 1)
-            mbar_arrive(bar);
-          else
-            mbar_arrive_cluster(cluster_map(bar, r));
-        }
-      }
-    }
-  }
-  wgmma_wait<0>();
-#pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    reg_fence(acc[s]);
-    reg_fence(fa[0][s]);
-    reg_fence(fa[1][s]);
-  }
-
-  // ---- epilogue ----
+  const int KT = p.k_tiles;
   const T* bias = static_cast<const T*>(p.bias);
   T* y = static_cast<T*>(p.y);
+
+  uint32_t it = 0;  // k tiles consumed so far, over all tiles: stage it % kStages, phase (it / kStages) & 1
+  for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    int m0, n0;
+    tile_origin(p, tile, m0, n0);
+    float acc[4][8][4];  // sets: 0 = a0, 1 = a2, 2 = aR, 3 = aI; [n8 block][C fragment]
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int o = n0 + 8 * j + 2 * t;
-    if (o >= p.d) continue;  // d even: o + 1 < d too
-    float bo[2] = {0.f, 0.f};
-    if (bias != nullptr) {
-      bo[0] = Elem<T>::to_float(bias[o]);
-      bo[1] = Elem<T>::to_float(bias[o + 1]);
-    }
+    for (int s = 0; s < 4; ++s)
 #pragma unroll
-    for (int r8 = 0; r8 < 2; ++r8) {
-      const int64_t m = static_cast<int64_t>(m0) + row + 8 * r8;
-      if (m >= p.M) continue;
-      uint32_t out[2][2];
+      for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int e = 2 * r8 + i;
-        inverse_dft4<T>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i], out[i][0], out[i][1]);
+        for (int r = 0; r < 4; ++r) acc[s][j][r] = 0.f;
+
+    uint32_t fa[2][4][4] = {};  // [buffer = k16 step parity][F0, FR, FI, F2][A fragment register]
+    for (int kt = 0; kt < KT; ++kt, ++it) {
+      const int s = it % kStages;
+      mbar_wait(full_bar + 8 * s, (it / kStages) & 1);
+      const uint32_t st = base + s * kStageBytes;
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        uint32_t(&f)[4][4] = fa[ks];
+        const uint32_t xs = st + ks * kXSub;
+        uint4 v[4];  // rows (row, row + 8) x (first, second chunk)
+        v[0] = lds128(xs + x_first);
+        v[1] = lds128(xs + x_first + 8 * 128);
+        v[2] = lds128(xs + x_second);
+        v[3] = lds128(xs + x_second + 8 * 128);
+#pragma unroll
+        for (int r = 0; r < 4; ++r)  // fragment register r: row + 8 (r & 1), k hi (r >> 1)
+          xform_h2<T>((r >> 1) == odd ? v[r & 1] : v[2 + (r & 1)], f[0][r], f[1][r], f[2][r], f[3][r]);
+        const uint64_t dk = desc0 + ((s * kStageBytes + ks * 32) >> 4);
+        const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
+        wgmma_fence();
+        wgmma_m64n64k16_rs<T, 1>(acc[2], f[1], dr);
+        wgmma_m64n64k16_rs<T, 1>(acc[3], f[1], di);
+        wgmma_m64n64k16_rs<T, 1>(acc[0], f[0], d0);
+        wgmma_m64n64k16_rs<T, 1>(acc[1], f[3], d2);
+        wgmma_m64n64k16_rs<T, -1>(acc[2], f[2], di);
+        wgmma_m64n64k16_rs<T, 1>(acc[3], f[2], dr);
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous step's group has retired: its A buffer (and stage) are free
+#pragma unroll
+        for (int op = 0; op < 4; ++op) reg_fence(fa[ks ^ 1][op]);
+        // At ks == 0 that previous group was k tile it-1's last: release its stage.
+        if (ks == 0 && kt > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((it - 1) % kStages));
       }
-      *reinterpret_cast<uint4*>(y + (m * p.d + o) * 4) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      reg_fence(acc[s]);
+      reg_fence(fa[0][s]);
+      reg_fence(fa[1][s]);
+    }
+    if (lane == 0) mbar_arrive(empty_bar + 8 * ((it - 1) % kStages));  // the tile's last stage
+
+    // ---- epilogue ----
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int o = n0 + 8 * j + 2 * t;
+      if (o >= p.d) continue;  // d even: o + 1 < d too
+      float bo[2] = {0.f, 0.f};
+      if (bias != nullptr) {
+        bo[0] = Elem<T>::to_float(bias[o]);
+        bo[1] = Elem<T>::to_float(bias[o + 1]);
+      }
+#pragma unroll
+      for (int r8 = 0; r8 < 2; ++r8) {
+        const int64_t m = static_cast<int64_t>(m0) + row + 8 * r8;
+        if (m >= p.M) continue;
+        uint32_t out[2][2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int e = 2 * r8 + i;
+          inverse_dft4<T>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i], out[i][0], out[i][1]);
+        }
+        *reinterpret_cast<uint4*>(y + (m * p.d + o) * 4) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
+      }
     }
   }
 }
 
-template <class T, int kCluster>
+template <class T>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
                           const Sm90Params p) {
@@ -177,51 +186,41 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need aligned bases
   const uint32_t full_bar = base + kStages * kStageBytes, empty_bar = full_bar + 8 * kStages;
-
-  const uint32_t rank = kCluster == 1 ? 0 : cluster_ctarank();  // blockIdx.x % kCluster
-  int64_t m_tile, n_group;
-  grouped_tile(blockIdx.x / kCluster, p.num_m, p.num_groups, m_tile, n_group);
-  // With an odd number of d tiles the last pair's second block lies past d: its planes load as zeros
-  // and its stores are masked, but it still loads and multicasts its x sub-tile for its partner.
-  const int m0 = static_cast<int>(m_tile) * kBM, n0 = static_cast<int>(kCluster * n_group + rank) * kBN;
-  const int KT = p.k_tiles;
+  const int64_t num_tiles = static_cast<int64_t>(p.num_m) * p.num_n;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_bar + 8 * s, 1);
-      mbar_init(empty_bar + 8 * s, kCluster * kConsumerWarps);
+      mbar_init(empty_bar + 8 * s, kConsumerWarps);
     }
     mbar_fence_init();
   }
-  if (kCluster == 1)
-    __syncthreads();
-  else
-    cluster_sync();  // every block's barriers are initialised before any multicast or remote arrival
+  __syncthreads();
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
     setmaxnreg_dec<24>();
     if (threadIdx.x == 0) {
       tma_prefetch_desc(&tm_x);
       tma_prefetch_desc(&tm_p);
-      for (int kt = 0; kt < KT; ++kt) {
-        const int s = kt % kStages;
-        if (kt >= kStages) mbar_wait(empty_bar + 8 * s, ((kt / kStages) - 1) & 1);
-        const uint32_t st = base + s * kStageBytes, bar = full_bar + 8 * s;
-        mbar_arrive_expect_tx(bar, kStageBytes);  // both x sub-tiles (with a cluster, one from the partner)
-        if (kCluster == 1) {
+      uint32_t it = 0;  // k tiles issued so far, over all tiles (wraps harmlessly: kStages divides 2^32)
+      for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+        int m0, n0;
+        tile_origin(p, tile, m0, n0);
+        for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
+          const int s = it % kStages;
+          if (it >= kStages) mbar_wait(empty_bar + 8 * s, ((it / kStages) - 1) & 1);
+          const uint32_t st = base + s * kStageBytes, bar = full_bar + 8 * s;
+          mbar_arrive_expect_tx(bar, kStageBytes);
           tma_load_2d(st, &tm_x, kt * kBK * 4, m0, bar);
           tma_load_2d(st + kXSub, &tm_x, kt * kBK * 4 + 64, m0, bar);
-        } else {
-          tma_load_2d_multicast(st + rank * kXSub, &tm_x, kt * kBK * 4 + 64 * rank, m0, bar, 0x3);
+          tma_load_3d(st + 2 * kXSub, &tm_p, kt * kBK, n0, 0, bar);
         }
-        tma_load_3d(st + 2 * kXSub, &tm_p, kt * kBK, n0, 0, bar);
       }
     }
   } else {
     setmaxnreg_inc<240>();
-    consume<T, kCluster>(p, base, full_bar, empty_bar, m0, n0, KT);
+    consume<T>(p, base, full_bar, empty_bar, num_tiles);
   }
-  if (kCluster > 1) cluster_sync();  // no block exits while its partner may still write to it
 #else
   (void)tm_x, (void)tm_p, (void)p;
   __trap();
@@ -263,7 +262,7 @@ bool runs_sm90a(int dev) {
   if (dev < 0 || dev >= 64) return false;
   if (known[dev] == 0) {
     cudaFuncAttributes attr;
-    const bool ok = cudaFuncGetAttributes(&attr, eq_linear_fwd_sm90_kernel<T, 1>) == cudaSuccess &&
+    const bool ok = cudaFuncGetAttributes(&attr, eq_linear_fwd_sm90_kernel<T>) == cudaSuccess &&
                     attr.binaryVersion == 90 && attr.ptxVersion == 90;
     cudaGetLastError();  // a failed query leaves no sticky state behind for the caller
     known[dev] = ok ? 1 : -1;
@@ -279,18 +278,16 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   if (!sm90_path_enabled() || p.M <= 0 || p.M > 0x7fffffff - kBM || p.c % 8 != 0 || p.d % 2 != 0 ||
       p.c > 0x3fffffff / 4 || p.d > 0x7fffffff - kBN || !aligned16(p.x) || !aligned16(p.planes) || !aligned16(p.y))
     return cudaSuccess;
-  int dev = 0, major = 0, smem_optin = 0;
+  int dev = 0, major = 0, smem_optin = 0, num_sms = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (e != cudaSuccess) return e;
   if (major != 9 || smem_optin < kSmem || !runs_sm90a<T>(dev)) return cudaSuccess;
 
-  // Clusters of 2 whenever there are two d tiles to pair (FLASH_EQLINEAR_SM90_CLUSTER=1: never).
-  const char* cv = std::getenv("FLASH_EQLINEAR_SM90_CLUSTER");
-  const int cluster = (p.d > kBN && !(cv != nullptr && std::strcmp(cv, "1") == 0)) ? 2 : 1;
-  const int64_t num_m = (p.M + kBM - 1) / kBM, num_groups = (p.d + cluster * kBN - 1) / (cluster * kBN);
-  if (num_m * num_groups * cluster > 0x7fffffff) return cudaSuccess;
+  const int64_t num_m = (p.M + kBM - 1) / kBM, num_n = (p.d + kBN - 1) / kBN;
+  if (num_m * num_n > 0x7fffffff) return cudaSuccess;
 
   CUtensorMap tm_x, tm_p;
   const cuuint64_t x_dims[2] = {static_cast<cuuint64_t>(4 * p.c), static_cast<cuuint64_t>(p.M)};
@@ -310,25 +307,14 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.d = static_cast<int>(p.d);
   kp.k_tiles = static_cast<int>((p.c + kBK - 1) / kBK);
   kp.num_m = static_cast<int>(num_m);
-  kp.num_groups = static_cast<int>(num_groups);
-  auto kernel = cluster == 1 ? eq_linear_fwd_sm90_kernel<T, 1> : eq_linear_fwd_sm90_kernel<T, 2>;
+  kp.num_n = static_cast<int>(num_n);
+  auto kernel = eq_linear_fwd_sm90_kernel<T>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(num_m * num_groups * cluster));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSmem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  e = cudaLaunchKernelEx(&cfg, kernel, tm_x, tm_p, kp);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_m * num_n, num_sms));
+  kernel<<<grid, kThreads, kSmem, stream>>>(tm_x, tm_p, kp);
   *launched = true;
-  return e != cudaSuccess ? e : cudaGetLastError();
+  return cudaGetLastError();
 }
 
 }  // namespace

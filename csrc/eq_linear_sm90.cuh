@@ -149,37 +149,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #endif
 }
 
-// ---- clusters: peer shared-memory addresses, cluster-wide barrier ----------------------------------
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r = 0;
-#ifdef FLASH_EQLINEAR_WGMMA
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-#endif
-  return r;
-}
-// The shared::cluster address of this CTA's shared-memory address addr in CTA rank of the cluster.
-__device__ __forceinline__ uint32_t cluster_map(uint32_t addr, uint32_t rank) {
-  uint32_t r = addr;
-#ifdef FLASH_EQLINEAR_WGMMA
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
-#endif
-  return r;
-}
-// Arrival on an mbarrier of any CTA of the cluster (address from cluster_map), with the default
-// CTA-scope semantics: enough to say "done reading" (a cluster-scope release would add a fence per
-// arrival, measured to halve the forward kernel's speed).
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_bar) {
-#ifdef FLASH_EQLINEAR_WGMMA
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
-#endif
-}
-// Every thread of every CTA of the cluster (exited threads do not count: call it from all).
-__device__ __forceinline__ void cluster_sync() {
-#ifdef FLASH_EQLINEAR_WGMMA
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-#endif
-}
-
 __device__ __forceinline__ void tma_prefetch_desc(const void* tmap) {
 #ifdef FLASH_EQLINEAR_WGMMA
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
@@ -192,18 +161,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int 
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
           "r"(dst), "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-#endif
-}
-// Multicast form: the box lands at the same offset in every CTA of ctas (a bit mask of cluster ranks)
-// and completes on the barrier at bar's offset in each of them.
-__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* tmap, int c0, int c1, uint32_t bar,
-                                                      uint16_t ctas) {
-#ifdef FLASH_EQLINEAR_WGMMA
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar), "h"(ctas)
       : "memory");
 #endif
 }
