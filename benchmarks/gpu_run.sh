@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build, GPU tests, compute-sanitizer, benchmarks on a CUDA machine; full logs under $OUT
 # (default /tmp/out), a short summary last.
-# Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-quick]   (default: all)
+# Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-bwd] [net] [bench-quick]
+# (default: build test sanitize bench)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 stages=${*:-build test sanitize bench}
@@ -33,6 +34,16 @@ if has bench; then
   python3 benchmarks/bench_op.py >"$OUT/bench.log" 2>&1; summary+=("bench rc=$?")
   cp benchmarks/results/*.json benchmarks/results/*.md "$OUT/" 2>/dev/null
   tail -30 "$OUT/bench.log"
+fi
+if has bench-bwd; then
+  python3 benchmarks/bench_op.py --direction bwd >"$OUT/bench_bwd.log" 2>&1; summary+=("bench-bwd rc=$?")
+  cp benchmarks/results/op_bwd_*.json benchmarks/results/op_bwd_*.md "$OUT/" 2>/dev/null
+  grep "c=" "$OUT/bench_bwd.log"
+fi
+if has net; then  # the ViT part of the network benchmark (the Swin results do not depend on fp16 kernels)
+  python3 benchmarks/bench_network.py --models vit --scales B,L,H >"$OUT/net.log" 2>&1; summary+=("net rc=$?")
+  cp benchmarks/results/net_*.json benchmarks/results/net_*.md "$OUT/" 2>/dev/null
+  tail -25 "$OUT/net.log"
 fi
 if has bench-quick; then
   python3 benchmarks/bench_op.py --cs 64,512,2048 --prec-rows 1024 --out quick.json >"$OUT/bench.log" 2>&1

@@ -38,7 +38,7 @@
 //
 // Requirements (checked by the host, which otherwise falls back to the portable kernels): an sm_90
 // device running sm_90a code, c % 8 == 0 (TMA row strides are multiples of 16 bytes), d even, x,
-// planes and y 16-byte aligned, M < 2^31 - 128 (TMA coordinates are 32-bit).
+// planes and y 16-byte aligned, bias 4-byte aligned, M < 2^31 - 128 (TMA coordinates are 32-bit).
 
 #include <algorithm>
 #include <cstdint>
@@ -101,6 +101,14 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
   for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     int m0, n0;
     tile_origin(p, tile, m0, n0);
+    // The tile's bias pairs (o, o+1) for o = n0 + 8 j + 2 t, loaded now: their latency hides behind
+    // the main loop instead of stalling the epilogue.
+    uint32_t bias2[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int o = n0 + 8 * j + 2 * t;
+      bias2[j] = (bias != nullptr && o < p.d) ? __ldg(reinterpret_cast<const unsigned int*>(bias + o)) : 0u;
+    }
     float acc[4][8][4];  // sets: 0 = a0, 1 = a2, 2 = aR, 3 = aI; [n8 block][C fragment]
 #pragma unroll
     for (int s = 0; s < 4; ++s)
@@ -157,11 +165,8 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
     for (int j = 0; j < 8; ++j) {
       const int o = n0 + 8 * j + 2 * t;
       if (o >= p.d) continue;  // d even: o + 1 < d too
-      float bo[2] = {0.f, 0.f};
-      if (bias != nullptr) {
-        bo[0] = Elem<T>::to_float(bias[o]);
-        bo[1] = Elem<T>::to_float(bias[o + 1]);
-      }
+      const float2 bo2 = Elem<T>::unpack(bias2[j]);
+      const float bo[2] = {bo2.x, bo2.y};
 #pragma unroll
       for (int r8 = 0; r8 < 2; ++r8) {
         const int64_t m = static_cast<int64_t>(m0) + row + 8 * r8;
@@ -276,7 +281,8 @@ template <class T>
 cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   *launched = false;
   if (!sm90_path_enabled() || p.M <= 0 || p.M > 0x7fffffff - kBM || p.c % 8 != 0 || p.d % 2 != 0 ||
-      p.c > 0x3fffffff / 4 || p.d > 0x7fffffff - kBN || !aligned16(p.x) || !aligned16(p.planes) || !aligned16(p.y))
+      p.c > 0x3fffffff / 4 || p.d > 0x7fffffff - kBN || !aligned16(p.x) || !aligned16(p.planes) || !aligned16(p.y) ||
+      reinterpret_cast<uintptr_t>(p.bias) % 4 != 0)
     return cudaSuccess;
   int dev = 0, major = 0, smem_optin = 0, num_sms = 0;
   cudaError_t e = cudaGetDevice(&dev);

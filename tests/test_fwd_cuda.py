@@ -68,7 +68,7 @@ def test_forward_matches_fp64(M, c, d, dtype):
 
 
 # Shapes the sm_90a kernel takes (c % 8 == 0, d even): ragged M, c not a multiple of its 32-channel
-# k tile, d not a multiple of its 64-channel tile, one full 128 x 64 tile, long K.
+# k tile, d not a multiple of its 64-channel tile, one full 128 x 64 tile, long K, many tiles.
 SM90_SHAPES = [
     (1, 8, 2),
     (7, 16, 16),
@@ -78,6 +78,7 @@ SM90_SHAPES = [
     (4097, 64, 48),
     (1000, 520, 136),
     (255, 2048, 70),
+    (20000, 64, 130),  # more tiles than SMs: each persistent block walks several
 ]
 
 
@@ -95,6 +96,17 @@ def test_forward_each_path(M, c, d, dtype, path, monkeypatch):
     assert torch.equal(op(x, planes, b), y)
     x = (x.float() / x.float().abs().max() * 3e4).to(dtype)  # fp16: the halved prologue keeps this finite
     check_against_linear(op(x, planes, None), x, planes, None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_misaligned_views(dtype):
+    # x at an 8-byte offset and bias at a 2-byte offset: the vectorised / TMA paths must step aside.
+    M, c, d = 129, 64, 72
+    x_full, planes, _ = make(M + 1, c, d, dtype)
+    x = x_full.flatten()[4 : 4 + M * 4 * c].view(M, 4 * c)
+    b = torch.randn(d + 1, device=DEV).to(dtype)[1:]
+    y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
+    check_against_linear(y, x, planes, b)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
