@@ -8,6 +8,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 stages=${*:-build test sanitize bench}
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
 summary=()
+res="benchmarks/results/*${FLASH_EQLINEAR_COMMIT:-}*"  # this commit's result files (all when unset)
 has() { [[ " $stages " == *" $1 "* ]]; }
 
 python3 -c "import sys, setuptools, torch; print(sys.executable, setuptools.__version__, torch.__version__)"
@@ -32,17 +33,17 @@ if has sanitize; then
 fi
 if has bench; then
   python3 benchmarks/bench_op.py >"$OUT/bench.log" 2>&1; summary+=("bench rc=$?")
-  cp benchmarks/results/*.json benchmarks/results/*.md "$OUT/" 2>/dev/null
+  cp $res "$OUT/" 2>/dev/null
   tail -30 "$OUT/bench.log"
 fi
 if has bench-bwd; then
   python3 benchmarks/bench_op.py --direction bwd >"$OUT/bench_bwd.log" 2>&1; summary+=("bench-bwd rc=$?")
-  cp benchmarks/results/op_bwd_*.json benchmarks/results/op_bwd_*.md "$OUT/" 2>/dev/null
+  cp $res "$OUT/" 2>/dev/null
   grep "c=" "$OUT/bench_bwd.log"
 fi
 if has net; then  # the ViT part of the network benchmark (the Swin results do not depend on fp16 kernels)
   python3 benchmarks/bench_network.py --models vit --scales B,L,H >"$OUT/net.log" 2>&1; summary+=("net rc=$?")
-  cp benchmarks/results/net_*.json benchmarks/results/net_*.md "$OUT/" 2>/dev/null
+  cp $res "$OUT/" 2>/dev/null
   tail -25 "$OUT/net.log"
 fi
 if has bench-quick; then
