@@ -118,19 +118,23 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
         for (int r = 0; r < 4; ++r) acc[s][j][r] = 0.f;
 
     uint32_t fa[2][4][4] = {};  // [buffer = k16 step parity][F0, FR, FI, F2][A fragment register]
+    // Raw x of the next k16 step (rows (row, row + 8) x (first, second chunk)), loaded before the
+    // wait for the previous group so the shared-memory latency overlaps it.
+    uint4 v[4];
+    auto load_x = [&](uint32_t xs) {
+      v[0] = lds128(xs + x_first);
+      v[1] = lds128(xs + x_first + 8 * 128);
+      v[2] = lds128(xs + x_second);
+      v[3] = lds128(xs + x_second + 8 * 128);
+    };
+    mbar_wait(full_bar + 8 * (it % kStages), (it / kStages) & 1);
+    load_x(base + (it % kStages) * kStageBytes);
     for (int kt = 0; kt < KT; ++kt, ++it) {
       const int s = it % kStages;
-      mbar_wait(full_bar + 8 * s, (it / kStages) & 1);
       const uint32_t st = base + s * kStageBytes;
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
         uint32_t(&f)[4][4] = fa[ks];
-        const uint32_t xs = st + ks * kXSub;
-        uint4 v[4];  // rows (row, row + 8) x (first, second chunk)
-        v[0] = lds128(xs + x_first);
-        v[1] = lds128(xs + x_first + 8 * 128);
-        v[2] = lds128(xs + x_second);
-        v[3] = lds128(xs + x_second + 8 * 128);
 #pragma unroll
         for (int r = 0; r < 4; ++r)  // fragment register r: row + 8 (r & 1), k hi (r >> 1)
           xform_h2<T>((r >> 1) == odd ? v[r & 1] : v[2 + (r & 1)], f[0][r], f[1][r], f[2][r], f[3][r]);
@@ -144,6 +148,13 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
         wgmma_m64n64k16_rs<T, -1>(acc[2], f[2], di);
         wgmma_m64n64k16_rs<T, 1>(acc[3], f[2], dr);
         wgmma_commit();
+        if (ks == 0) {
+          load_x(st + kXSub);
+        } else if (kt + 1 < KT) {
+          const uint32_t next = (it + 1) % kStages;
+          mbar_wait(full_bar + 8 * next, ((it + 1) / kStages) & 1);
+          load_x(base + next * kStageBytes);
+        }
         wgmma_wait<1>();  // the previous step's group has retired: its A buffer (and stage) are free
 #pragma unroll
         for (int op = 0; op < 4; ++op) reg_fence(fa[ks ^ 1][op]);
