@@ -4,23 +4,21 @@
 //
 // Tile: 128 rows x 64 output channels x the 4 accumulator sets (a0, a2, aR, aI), K = c in steps of
 // BK = 32 channels. Persistent: one block per SM walks the tiles (grouped order, see grouped_tile)
-// with a stride of the grid size. Warpgroup 0 is the producer: thread 0 issues per k tile the TMA
+// with a stride of the grid size. Warpgroup 0 is the producer: one thread issues per k tile the TMA
 // loads of a stage of a 4-stage ring, completing on the stage's "full" mbarrier, running ahead into
-// the next tile while the consumers finish the current one; warps 1-2 then write -PI next to the
-// planes and signal the stage's "ready" mbarrier. Warpgroups 1 and 2 are the consumers (rows 0-63
-// and 64-127); they wait on "ready" and release a stage through its "empty" mbarrier (one arrival
-// per warp) once the wgmma groups that read it have retired. So the pipeline fill of a tile
-// overlaps the previous tile's epilogue. setmaxnreg moves registers from the producer (40) to the
-// consumers (232: 128 accumulators, 32 double-buffered A registers).
+// the next tile while the consumers finish the current one; warpgroups 1 and 2 are the consumers
+// (rows 0-63 and 64-127) and release a stage through its "empty" mbarrier (one arrival per warp)
+// once the wgmma groups that read it have retired. So the pipeline fill of a tile overlaps the
+// previous tile's epilogue. setmaxnreg moves registers from the producer (24) to the consumers
+// (240: 128 accumulators, 32 double-buffered A registers).
 // Measured and dropped: clusters of 2 blocks sharing x through TMA multicast (a third less L2
 // traffic, no faster: the consumers, not L2, set the pace once the transform is cheap).
 
 // Shared memory per stage (48 KB, 1024-byte aligned):
 //   x   2 x [128 rows][128 B]: 16 channels x 4 group values of rows m0.. (TMA box {64, 128} of x
 //       viewed as (M, 4c)), 128-byte swizzle: 16-byte chunk j of row r lands at chunk j ^ (r & 7).
-//   planes [5][64 rows][64 B]: slots P0, -PI, PR, PI, P2, rows n0.., channels k0..k0+31 (TMA boxes
-//       {32, 64, 1} of planes viewed as (4, d, c); -PI written by the producer), 64-byte swizzle:
-//       the K-major B operand of wgmma as is.
+//   planes [4][64 rows][64 B]: P0, PR, PI, P2 rows n0.., channels k0..k0+31 (TMA box {32, 64, 4} of
+//       planes viewed as (4, d, c)), 64-byte swizzle: the K-major B operand of wgmma as is.
 //
 // A fragments (wgmma m64 register A = the mma.sync m16n8k16 A layout per warp): lane (gid, t) needs
 // rows gid and gid + 8 of its warp's 16, channels 2t, 2t+1 (regs 0, 1) and 2t+8, 2t+9 (regs 2, 3);
@@ -31,8 +29,8 @@
 // rows would avoid the select but double the TMA requests; measured 12% slower, L2-bound.)
 // The transform runs in packed 16-bit arithmetic (xform_h2): half the instructions of FP32 math,
 // which the profile showed limiting (the consumers issue the transform and the wgmma).
-// Per k16 step four wgmma form one commit group: m64n128k16 [aR | aI] += FR [PR | PI],
-// m64n64k16 a0 += F0 P0 and a2 += F2 P2, m64n128k16 [aR | aI] += FI [-PI | PR]; the A registers are
+// Per k16 step six wgmma m64n64k16 (aR += FR PR, aI += FR PI, a0 += F0 P0, a2 += F2 P2,
+// aR += -FI PI via the A scale immediate, aI += FI PR) form one commit group; the A registers are
 // double buffered so the next step's fragments are built while this group runs, and the next
 // step's raw x is loaded before waiting for the previous group (the consumers' latency between
 // groups sets the pace: that prefetch alone gave 5-7%). Building the whole next step before the
@@ -67,16 +65,8 @@ constexpr int kBM = 128, kBN = 64, kBK = 32, kStages = 4;
 constexpr int kConsumerWarps = 8, kThreads = 128 + 32 * kConsumerWarps;
 constexpr uint32_t kXSub = kBM * 128;          // one 16-channel x sub-tile: 16 KB
 constexpr uint32_t kPlane = kBN * kBK * 2;      // one plane tile: 4 KB
-// Plane slots of a stage: P0, -PI, PR, PI, P2. PR, PI and -PI, PR are adjacent, so one 128-row B
-// operand covers [PR; PI] and another [-PI; PR]: aR and aI then come from two m64n128 wgmma,
-// [aR | aI] += FR [PR | PI] and += FI [-PI | PR].
-enum : int { kSlotP0 = 0, kSlotNPI, kSlotPR, kSlotPI, kSlotP2 };
-constexpr uint32_t kStageBytes = 2 * kXSub + 5 * kPlane;  // 52 KB
-enum : uint32_t {
-  kTmaBytes = 2 * kXSub + 4 * kPlane,  // what the TMA loads deliver per stage
-  kNegThreads = 64,                    // producer threads that write -PI
-};
-constexpr int kSmem = kStages * kStageBytes + 3 * kStages * 8 + 1024;  // + barriers + alignment slack
+constexpr uint32_t kStageBytes = 2 * kXSub + 4 * kPlane;
+constexpr int kSmem = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers + alignment slack
 
 struct Sm90Params {
   const void* bias;  // (d,) or nullptr
@@ -97,7 +87,7 @@ __device__ __forceinline__ void tile_origin(const P& p, int64_t tile, int& m0, i
 
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
 template <class T>
-__device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint32_t ready_bar, uint32_t empty_bar,
+__device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
                                         int64_t num_tiles) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, t = lane & 3, odd = gid & 1;
@@ -122,11 +112,13 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
       const int o = n0 + 8 * j + 2 * t;
       bias2[j] = (bias != nullptr && o < p.d) ? __ldg(reinterpret_cast<const unsigned int*>(bias + o)) : 0u;
     }
-    float a0[8][4], a2[8][4], ari[16][4];  // [n8 block][C fragment]; ari = [aR | aI]
+    float acc[4][8][4];  // sets: 0 = a0, 1 = a2, 2 = aR, 3 = aI; [n8 block][C fragment]
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int s = 0; s < 4; ++s)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) a0[j][r] = a2[j][r] = ari[j][r] = ari[8 + j][r] = 0.f;
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[s][j][r] = 0.f;
 
     uint32_t fa[2][4][4] = {};  // [buffer = k16 step parity][F0, FR, FI, F2][A fragment register]
     // Raw x of the next k16 step (rows (row, row + 8) x (first, second chunk)), loaded before the
@@ -138,7 +130,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
       v[2] = lds128(xs + x_second);
       v[3] = lds128(xs + x_second + 8 * 128);
     };
-    mbar_wait(ready_bar + 8 * (it % kStages), (it / kStages) & 1);
+    mbar_wait(full_bar + 8 * (it % kStages), (it / kStages) & 1);
     load_x(base + (it % kStages) * kStageBytes);
     for (int kt = 0; kt < KT; ++kt, ++it) {
       const int s = it % kStages;
@@ -150,18 +142,20 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
         for (int r = 0; r < 4; ++r)  // fragment register r: row + 8 (r & 1), k hi (r >> 1)
           xform_h2<T>((r >> 1) == odd ? v[r & 1] : v[2 + (r & 1)], f[0][r], f[1][r], f[2][r], f[3][r]);
         const uint64_t dk = desc0 + ((s * kStageBytes + ks * 32) >> 4);
-        const auto slot = [&](int i) { return dk + ((i * kPlane) >> 4); };
+        const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
         wgmma_fence();
-        wgmma_m64n128k16_rs<T, 1>(ari, f[1], slot(kSlotPR));   // [aR | aI] += FR [PR | PI]
-        wgmma_m64n64k16_rs<T, 1>(a0, f[0], slot(kSlotP0));     // a0 += F0 P0
-        wgmma_m64n64k16_rs<T, 1>(a2, f[3], slot(kSlotP2));     // a2 += F2 P2
-        wgmma_m64n128k16_rs<T, 1>(ari, f[2], slot(kSlotNPI));  // [aR | aI] += FI [-PI | PR]
+        wgmma_m64n64k16_rs<T, 1>(acc[2], f[1], dr);
+        wgmma_m64n64k16_rs<T, 1>(acc[3], f[1], di);
+        wgmma_m64n64k16_rs<T, 1>(acc[0], f[0], d0);
+        wgmma_m64n64k16_rs<T, 1>(acc[1], f[3], d2);
+        wgmma_m64n64k16_rs<T, -1>(acc[2], f[2], di);
+        wgmma_m64n64k16_rs<T, 1>(acc[3], f[2], dr);
         wgmma_commit();
         if (ks == 0) {
           load_x(st + kXSub);
         } else if (kt + 1 < KT) {
           const uint32_t next = (it + 1) % kStages;
-          mbar_wait(ready_bar + 8 * next, ((it + 1) / kStages) & 1);
+          mbar_wait(full_bar + 8 * next, ((it + 1) / kStages) & 1);
           load_x(base + next * kStageBytes);
         }
         wgmma_wait<1>();  // the previous step's group has retired: its A buffer (and stage) are free
@@ -172,11 +166,9 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
       }
     }
     wgmma_wait<0>();
-    reg_fence(a0);
-    reg_fence(a2);
-    reg_fence(ari);
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
+      reg_fence(acc[s]);
       reg_fence(fa[0][s]);
       reg_fence(fa[1][s]);
     }
@@ -197,7 +189,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int e = 2 * r8 + i;
-          inverse_dft4<T>(a0[j][e], a2[j][e], ari[j][e], ari[8 + j][e], bo[i], out[i][0], out[i][1]);
+          inverse_dft4<T>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i], out[i][0], out[i][1]);
         }
         *reinterpret_cast<uint4*>(y + (m * p.d + o) * 4) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
       }
@@ -213,21 +205,19 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need aligned bases
   const uint32_t full_bar = base + kStages * kStageBytes, empty_bar = full_bar + 8 * kStages;
-  const uint32_t ready_bar = empty_bar + 8 * kStages;  // TMA data landed and -PI written
   const int64_t num_tiles = static_cast<int64_t>(p.num_m) * p.num_n;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_bar + 8 * s, 1);
       mbar_init(empty_bar + 8 * s, kConsumerWarps);
-      mbar_init(ready_bar + 8 * s, kNegThreads / 32);
     }
     mbar_fence_init();
   }
   __syncthreads();
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
-    setmaxnreg_dec<40>();
+    setmaxnreg_dec<24>();
     if (threadIdx.x == 0) {
       tma_prefetch_desc(&tm_x);
       tma_prefetch_desc(&tm_p);
@@ -239,41 +229,16 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
           const int s = it % kStages;
           if (it >= kStages) mbar_wait(empty_bar + 8 * s, ((it / kStages) - 1) & 1);
           const uint32_t st = base + s * kStageBytes, bar = full_bar + 8 * s;
-          mbar_arrive_expect_tx(bar, kTmaBytes);
+          mbar_arrive_expect_tx(bar, kStageBytes);
           tma_load_2d(st, &tm_x, kt * kBK * 4, m0, bar);
           tma_load_2d(st + kXSub, &tm_x, kt * kBK * 4 + 64, m0, bar);
-          const uint32_t ps = st + 2 * kXSub;
-          tma_load_3d(ps + kSlotP0 * kPlane, &tm_p, kt * kBK, n0, 0, bar);
-          tma_load_3d(ps + kSlotPR * kPlane, &tm_p, kt * kBK, n0, 1, bar);
-          tma_load_3d(ps + kSlotPI * kPlane, &tm_p, kt * kBK, n0, 2, bar);
-          tma_load_3d(ps + kSlotP2 * kPlane, &tm_p, kt * kBK, n0, 3, bar);
-        }
-      }
-    } else if (threadIdx.x >= 32 && threadIdx.x < 32 + kNegThreads) {
-      // -PI, elementwise (same swizzled layout), once the stage has landed; 64 bytes per thread.
-      const int i = threadIdx.x - 32;
-      uint32_t it = 0;
-      for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-        for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
-          const int s = it % kStages;
-          mbar_wait(full_bar + 8 * s, (it / kStages) & 1);
-          const uint32_t ps = base + s * kStageBytes + 2 * kXSub;
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const uint32_t off = (q * kNegThreads + i) * 16;
-            uint4 v = lds128(ps + kSlotPI * kPlane + off);
-            v.x ^= 0x80008000u, v.y ^= 0x80008000u, v.z ^= 0x80008000u, v.w ^= 0x80008000u;
-            sts128(ps + kSlotNPI * kPlane + off, v);
-          }
-          fence_proxy_async_smem();  // the wgmma reads -PI through the async proxy
-          __syncwarp();
-          if ((threadIdx.x & 31) == 0) mbar_arrive(ready_bar + 8 * s);
+          tma_load_3d(st + 2 * kXSub, &tm_p, kt * kBK, n0, 0, bar);
         }
       }
     }
   } else {
-    setmaxnreg_inc<232>();
-    consume<T>(p, base, ready_bar, empty_bar, num_tiles);
+    setmaxnreg_inc<240>();
+    consume<T>(p, base, full_bar, empty_bar, num_tiles);
   }
 #else
   (void)tm_x, (void)tm_p, (void)p;
@@ -350,7 +315,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   const cuuint32_t x_box[2] = {64, kBM};
   const cuuint64_t p_dims[3] = {static_cast<cuuint64_t>(p.c), static_cast<cuuint64_t>(p.d), 4};
   const cuuint64_t p_strides[2] = {static_cast<cuuint64_t>(2 * p.c), static_cast<cuuint64_t>(2 * p.c * p.d)};
-  const cuuint32_t p_box[3] = {kBK, kBN, 1};
+  const cuuint32_t p_box[3] = {kBK, kBN, 4};
   if (!encode(&tm_x, p.x, 2, x_dims, x_strides, x_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
       !encode(&tm_p, p.planes, 3, p_dims, p_strides, p_box, CU_TENSOR_MAP_SWIZZLE_64B))
     return cudaSuccess;  // no encoder (old driver) or a shape it rejects: the portable kernel runs

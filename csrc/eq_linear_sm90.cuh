@@ -50,14 +50,6 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
-// Shared memory written by ordinary stores and read next by wgmma (the async proxy): each writing
-// thread fences before signalling the readers.
-__device__ __forceinline__ void fence_proxy_async_smem() {
-#ifdef FLASH_EQLINEAR_WGMMA
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-
 // Warpgroup register budget (sm_90a): the producer gives registers back, the consumers take them.
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
@@ -77,10 +69,9 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 __device__ __forceinline__ void reg_fence(uint32_t (&r)[4]) {
   asm volatile("" : "+r"(r[0]), "+r"(r[1]), "+r"(r[2]), "+r"(r[3])::"memory");
 }
-template <int N>
-__device__ __forceinline__ void reg_fence(float (&d)[N][4]) {
+__device__ __forceinline__ void reg_fence(float (&d)[8][4]) {
 #pragma unroll
-  for (int j = 0; j < N; ++j)
+  for (int j = 0; j < 8; ++j)
     asm volatile("" : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])::"memory");
 }
 
@@ -121,47 +112,6 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[8][4], const uint3
 
 #undef FLASH_EQLINEAR_WGMMA_D
 #undef FLASH_EQLINEAR_WGMMA_D_OPS
-
-#define FLASH_EQLINEAR_WGMMA_D128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define FLASH_EQLINEAR_WGMMA_D128_OPS(d) \
-      "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),  \
-      "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),  \
-      "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),  \
-      "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),  \
-      "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),  \
-      "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),  \
-      "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),  \
-      "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),  \
-      "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),  \
-      "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),  \
-      "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-
-// d (64 x 128 per warpgroup, FP32) += kScaleA * A (64 x 16, registers) * B (16 x 128, descriptor).
-template <class T, int kScaleA>
-__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc_b) {
-  static_assert(kScaleA == 1 || kScaleA == -1, "imm-scale-a is +1 or -1");
-#ifdef FLASH_EQLINEAR_WGMMA
-  if constexpr (std::is_same_v<T, __half>) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " FLASH_EQLINEAR_WGMMA_D128
-                 ", {%64, %65, %66, %67}, %68, p, %70, 1, 0;\n}\n"
-                 : FLASH_EQLINEAR_WGMMA_D128_OPS(d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(kScaleA));
-  } else {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FLASH_EQLINEAR_WGMMA_D128
-                 ", {%64, %65, %66, %67}, %68, p, %70, 1, 0;\n}\n"
-                 : FLASH_EQLINEAR_WGMMA_D128_OPS(d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(kScaleA));
-  }
-#else
-  (void)d, (void)a, (void)desc_b;
-  __trap();
-#endif
-}
-
-#undef FLASH_EQLINEAR_WGMMA_D128
-#undef FLASH_EQLINEAR_WGMMA_D128_OPS
 
 // ---- mbarriers (shared::cta, 64-bit) and TMA loads completing on them ----------------------------
 // Plain sm_90 PTX, but only the sm_90a kernels use them: guarded like the wgmma wrappers.
