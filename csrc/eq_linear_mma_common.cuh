@@ -128,7 +128,6 @@ __device__ __forceinline__ void dft4(float x0, float x1, float x2, float x3, flo
   }
 }
 
-
 // One LDS.128 worth of raw x (channels k, k+1 of one row) -> packed (k, k+1) A registers of the
 // four planes.
 template <class T>
