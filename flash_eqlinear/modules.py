@@ -126,12 +126,16 @@ class NaiveEQLinear(_EQLinearBase):
 
     def __init__(self, in_features, out_features, bias=True, group_size=4, device=None, dtype=None):
         super().__init__(in_features, out_features, bias, group_size, device, dtype)
+        # The (T, T) tap index of the expansion, kept on the weight's device (not in state_dict).
+        idx = reference.circulant_index(self.group_size, device)
+        self.register_buffer("circulant_index", idx, persistent=False)
 
     def naive_weight(self) -> torch.Tensor:
         return self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return reference.naive_eq_linear(*autocast_inputs(x, self.weight, self.bias), self.group_size)
+        x, w, b = autocast_inputs(x, self.weight, self.bias)
+        return reference.naive_eq_linear(x, w, b, self.group_size, self.circulant_index)
 
 
 class FlashEQLinear(_EQLinearBase):

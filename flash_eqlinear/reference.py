@@ -27,6 +27,7 @@ __all__ = [
     "fourier_eq_linear",
     "fourier_eq_linear_backward",
     "dense_weight",
+    "circulant_index",
     "as_group_weight",
     "check_inputs",
 ]
@@ -88,25 +89,37 @@ def check_inputs(x, weight, bias, group_size, layout: str) -> tuple[int, int, in
     return T, c, d
 
 
-def dense_weight(w: torch.Tensor) -> torch.Tensor:
-    """Block-circulant ``(D, C)`` matrix of a group-domain weight ``w (d, c, T)``."""
+def circulant_index(T: int, device=None) -> torch.Tensor:
+    """``(T, T)`` int64 ``idx[t, s] = (s - t) mod T``: the group-domain tap of dense block (t, s)."""
+    t = torch.arange(T, device=device)
+    return (t[None, :] - t[:, None]) % T
+
+
+def dense_weight(w: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+    """Block-circulant ``(D, C)`` matrix of a group-domain weight ``w (d, c, T)``.
+
+    One gather straight into the ``(d, T, c, T)`` order (its backward is one scatter-add and a
+    sum); ``index`` is :func:`circulant_index` on ``w``'s device, built here when not given.
+    """
     d, c, T = w.shape
-    t = torch.arange(T, device=w.device)
-    idx = (t[None, :] - t[:, None]) % T  # idx[t, s] = (s - t) mod T
-    return w[:, :, idx].permute(0, 2, 1, 3).reshape(d * T, c * T)
+    idx = circulant_index(T, w.device) if index is None else index
+    full = (d, T, c, T)
+    dense = torch.gather(w.unsqueeze(1).expand(full), 3, idx[None, :, None, :].expand(full))
+    return dense.reshape(d * T, c * T)
 
 
-def naive_eq_linear(x, w, bias=None, group_size: int = 4) -> torch.Tensor:
+def naive_eq_linear(x, w, bias=None, group_size: int = 4, index: torch.Tensor | None = None) -> torch.Tensor:
     """EQ-Linear by dense expansion: ``F.linear(x, dense_weight(w), repeat(bias))``.
 
-    x (..., c*T); w (d, c, T) or (d, 1, c, T); bias (d,) or (d, 1) or None -> (..., d*T).
+    x (..., c*T); w (d, c, T) or (d, 1, c, T); bias (d,) or (d, 1) or None -> (..., d*T);
+    ``index``: an optional cached :func:`circulant_index` (saves its small kernels per call).
     """
     w = as_group_weight(w)
     if isinstance(bias, torch.Tensor) and bias.dim() == 2 and bias.shape[1] == 1:
         bias = bias.reshape(-1)
     T, _, _ = check_inputs(x, w, bias, group_size, "group")
-    b = None if bias is None else bias.repeat_interleave(T)
-    return F.linear(x, dense_weight(w), b)
+    b = None if bias is None else bias[:, None].expand(-1, T).reshape(-1)
+    return F.linear(x, dense_weight(w, index), b)
 
 
 def _analysis(v: torch.Tensor, T: int, scale: list[float] | None = None) -> torch.Tensor:

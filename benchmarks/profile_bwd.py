@@ -1,0 +1,94 @@
+"""Where the backward's time goes: each part of the CUDA backward timed on its own (CUDA graphs).
+
+python benchmarks/profile_bwd.py [--dtypes fp16,bf16] [--cs 512,1024,2048] [--rows 32768]
+
+Per (dtype, c), C = D = 4c, milliseconds: F.linear's forward and its two backward GEMMs, our
+grad_x (the forward kernel on the adjoint planes), the fused weight-gradient kernel, the GEMM
+form's parts (both group DFTs, the plane GEMMs) and the whole weight gradient per mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_op import graphed  # noqa: E402
+from common import bench  # noqa: E402
+
+import flash_eqlinear as fe  # noqa: E402
+from flash_eqlinear import ops, reference  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def timed(fn, *args) -> float:
+    return bench(graphed(fn, [args]), [()], min_time_s=0.2, max_samples=50)
+
+
+def case(dt, M: int, c: int) -> dict:
+    eqf = torch.ops.flash_eqlinear
+    x = torch.randn(M, 4 * c, device="cuda", dtype=dt)
+    gy = torch.randn(M, 4 * c, device="cuda", dtype=dt)
+    planes = (torch.randn(4, c, c, device="cuda") / (4 * c) ** 0.5).to(dt)
+    w = fe.planes_to_naive(planes.float()).to(dt)
+    W = reference.dense_weight(w)
+    idx = reference.circulant_index(4, "cuda")
+    adj = reference.adjoint_planes(planes).contiguous()
+    xf = eqf.eq_group_dft(x, True)
+    xf4 = eqf.eq_group_dft(x, False)
+    gf = eqf.eq_group_dft(gy, False)
+
+    def gemms():
+        g_ri = gf[2:4].reshape(2 * M, c).t()
+        return (
+            gf[0].t() @ xf[0],
+            g_ri @ xf[3:5].reshape(2 * M, c),
+            g_ri @ xf[2:4].reshape(2 * M, c),
+            gf[1].t() @ xf[1],
+        )
+
+    def gemms4():  # x as 4 unscaled planes; PI as two GEMMs (alpha = -1 on the second)
+        g_ri = gf[2:4].reshape(2 * M, c).t()
+        pi = torch.mm(gf[3].t(), xf4[2])
+        return (
+            torch.bmm(gf[0:2].transpose(1, 2), xf4[0:2]),
+            g_ri @ xf4[2:4].reshape(2 * M, c),
+            torch.addmm(pi, gf[2].t(), xf4[3], alpha=-1),
+        )
+
+    return {
+        "lin_fwd": timed(F.linear, x, W),
+        "naive_fwd": timed(lambda x: reference.naive_eq_linear(x, w, None, 4, idx), x),
+        "lin_bwd": timed(lambda g, x: (g @ W, g.t() @ x, g.sum(0)), gy, x),
+        "gx": timed(lambda g: eqf.eq_linear_fwd(g, adj, None), gy),
+        "gw_fused": timed(eqf.eq_linear_bwd_weight, x, gy),
+        "gw_gemm": timed(lambda x, g: ops._weight_grads_gemm(x, g, True, True), x, gy),
+        "dft_x": timed(lambda x: eqf.eq_group_dft(x, True), x),
+        "dft_gy": timed(lambda g: eqf.eq_group_dft(g, False), gy),
+        "gemms": timed(gemms),
+        "dft_x4": timed(lambda x: eqf.eq_group_dft(x, False), x),
+        "gemms4": timed(gemms4),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtypes", default="fp16,bf16")
+    ap.add_argument("--cs", default="512,1024,2048")
+    ap.add_argument("--rows", type=int, default=32768)
+    a = ap.parse_args()
+    for i, name in enumerate(a.dtypes.split(",")):
+        for j, c in enumerate(map(int, a.cs.split(","))):
+            t = case(DTYPES[name], a.rows, c)
+            if i == j == 0:
+                print(f"{'case':>14} " + " ".join(f"{k:>9}" for k in t))
+            print(f"{name + ' c=' + str(c):>14} " + " ".join(f"{v:9.4f}" for v in t.values()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
