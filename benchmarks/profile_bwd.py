@@ -39,9 +39,9 @@ def case(dt, M: int, c: int) -> dict:
     W = reference.dense_weight(w)
     idx = reference.circulant_index(4, "cuda")
     adj = reference.adjoint_planes(planes).contiguous()
-    xf = eqf.eq_group_dft(x, True)
-    xf4 = eqf.eq_group_dft(x, False)
-    gf = eqf.eq_group_dft(gy, False)
+    xf = eqf.eq_group_dft(x, True, False)[0]
+    xf4 = eqf.eq_group_dft(x, False, False)[0]
+    gf = eqf.eq_group_dft(gy, False, True)[0]
 
     def gemms():
         g_ri = gf[2:4].reshape(2 * M, c).t()
@@ -61,17 +61,26 @@ def case(dt, M: int, c: int) -> dict:
             torch.addmm(pi, gf[2].t(), xf4[3], alpha=-1),
         )
 
+    rev = torch.arange(4, 0, -1, device="cuda")
+
+    def expand_is(w):  # cat + one index_select over unfold windows (compared with the gather)
+        u = torch.cat([w, w], -1).unfold(-1, 4, 1).permute(0, 2, 1, 3)
+        return u.index_select(1, rev).reshape(4 * c, 4 * c)
+
+    assert torch.equal(expand_is(w), W)
     return {
+        "expand": timed(lambda w: reference.dense_weight(w, idx), w),
+        "expand_is": timed(expand_is, w),
         "lin_fwd": timed(F.linear, x, W),
         "naive_fwd": timed(lambda x: reference.naive_eq_linear(x, w, None, 4, idx), x),
         "lin_bwd": timed(lambda g, x: (g @ W, g.t() @ x, g.sum(0)), gy, x),
         "gx": timed(lambda g: eqf.eq_linear_fwd(g, adj, None), gy),
         "gw_fused": timed(eqf.eq_linear_bwd_weight, x, gy),
         "gw_gemm": timed(lambda x, g: ops._weight_grads_gemm(x, g, True, True), x, gy),
-        "dft_x": timed(lambda x: eqf.eq_group_dft(x, True), x),
-        "dft_gy": timed(lambda g: eqf.eq_group_dft(g, False), gy),
+        "dft_x": timed(lambda x: eqf.eq_group_dft(x, True, False), x),
+        "dft_gy": timed(lambda g: eqf.eq_group_dft(g, False, True), gy),
         "gemms": timed(gemms),
-        "dft_x4": timed(lambda x: eqf.eq_group_dft(x, False), x),
+        "dft_x4": timed(lambda x: eqf.eq_group_dft(x, False, False)[0], x),
         "gemms4": timed(gemms4),
     }
 

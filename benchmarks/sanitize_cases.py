@@ -30,9 +30,10 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16) if "bwd" in DIRECTIO
         gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
         planes = torch.zeros(4, d, c, dtype=torch.float64, device="cuda")
         gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy)
-        torch.ops.flash_eqlinear.eq_group_dft(x, True), torch.ops.flash_eqlinear.eq_group_dft(gy, False)
+        torch.ops.flash_eqlinear.eq_group_dft(x, True, False)
+        _, gb_dft = torch.ops.flash_eqlinear.eq_group_dft(gy, False, True)
         _, rp, rb = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes, (False, True, True))
-        for got, ref in ((gp, rp), (gb, rb)):
+        for got, ref in ((gp, rp), (gb, rb), (gb_dft, rb)):
             err = ((got.double() - ref).norm() / ref.norm()).item()
             assert err < TOL[dtype], ("bwd_weight", dtype, M, c, d, err)
 torch.cuda.synchronize()

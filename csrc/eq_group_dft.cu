@@ -21,16 +21,26 @@ template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v
 // The 4 group values of one channel travel as one aligned vector (8 bytes for 16-bit types).
 template <class T> struct alignas(4 * sizeof(T)) Quad { T v[4]; };
 
-// One thread per kC consecutive channels of a row (kC = 2 for 16-bit types when n is even: one
-// 16-byte load, 4-byte stores): FP32 transform, one rounding per plane value, coalesced stores
-// (consecutive threads write consecutive channels of each plane). e counts channel groups.
+// Threads own kC consecutive channels (kC = 2 for 16-bit types when n is even: one 16-byte load,
+// 4-byte stores) and walk rows: blockIdx.y picks a chunk of rows, and a block covers W channel
+// groups x (256 / W) rows at a time (W = min(groups per row, 256)), so consecutive threads touch
+// consecutive channels (coalesced loads and stores). FP32 transform, one rounding per plane value.
+// With `sums`, each chunk also writes the FP32 column sums of f0 over its rows (sums[chunk][ch]),
+// reduced inside the block in a fixed order: deterministic.
 template <class T, int kC, bool kInput>
 __global__ void __launch_bounds__(256) group_dft_kernel(const Quad<T>* __restrict__ src, T* __restrict__ dst,
-                                                        int64_t groups, int64_t plane) {
+                                                        int64_t M, int64_t gpr, int W, int64_t rows_per_chunk,
+                                                        float* __restrict__ sums) {
   constexpr float kH = 0.70710678118654752f;
   constexpr int kPlanes = kInput ? 5 : 4;
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < groups;
-       e += int64_t(gridDim.x) * blockDim.x) {
+  const int R = 256 / W, lane = threadIdx.x % W, row_off = threadIdx.x / W;
+  const int64_t cg = int64_t(blockIdx.x) * W + lane;
+  const bool active = row_off < R && cg < gpr;
+  const int64_t plane = M * gpr * kC;
+  const int64_t r_end = M < (int64_t(blockIdx.y) + 1) * rows_per_chunk ? M : (int64_t(blockIdx.y) + 1) * rows_per_chunk;
+  float acc[kC] = {};
+  for (int64_t r = int64_t(blockIdx.y) * rows_per_chunk + row_off; active && r < r_end; r += R) {
+    const int64_t e = r * gpr + cg;
     Quad<T> q[kC];
     if constexpr (kC == 2) {
       *reinterpret_cast<uint4*>(q) = reinterpret_cast<const uint4*>(src)[e];
@@ -43,6 +53,7 @@ __global__ void __launch_bounds__(256) group_dft_kernel(const Quad<T>* __restric
       const float x0 = to_f(q[j].v[0]), x1 = to_f(q[j].v[1]), x2 = to_f(q[j].v[2]), x3 = to_f(q[j].v[3]);
       const float s02 = x0 + x2, s13 = x1 + x3;
       const float f0 = s02 + s13, f2 = s02 - s13, fr = x0 - x2, fi = x3 - x1;
+      acc[j] += f0;
       using split::from_float;
       if constexpr (kInput) {  // [f0/2, f2/2, -fI/sqrt2, fR/sqrt2, fI/sqrt2]
         out[0][j] = from_float<T>(0.5f * f0);
@@ -67,45 +78,90 @@ __global__ void __launch_bounds__(256) group_dft_kernel(const Quad<T>* __restric
       }
     }
   }
+  if (sums == nullptr) return;  // uniform across the grid
+  __shared__ float red[kC][256];
+#pragma unroll
+  for (int j = 0; j < kC; ++j) red[j][threadIdx.x] = acc[j];
+  __syncthreads();
+  if (row_off != 0 || cg >= gpr) return;
+#pragma unroll
+  for (int j = 0; j < kC; ++j) {
+    float s = 0.f;
+    for (int k = 0; k < R; ++k) s += red[j][k * W + lane];
+    sums[int64_t(blockIdx.y) * gpr * kC + cg * kC + j] = s;
+  }
+}
+
+struct Grid {
+  int W;
+  int64_t bx, chunks, rows_per_chunk;
+};
+
+// The launch shape for n channel groups per row: enough blocks for ~8 per SM, chunks of rows.
+Grid grid_for(int64_t M, int64_t gpr, int sms) {
+  Grid g;
+  g.W = int(split::imin(gpr, 256));
+  g.bx = split::cdiv(gpr, g.W);
+  const int64_t R = 256 / g.W;
+  g.chunks = split::imin(split::imin(split::cdiv(int64_t(sms) * 8, g.bx), split::cdiv(M, 4 * R)), 65535);
+  if (g.chunks < 1) g.chunks = 1;
+  g.rows_per_chunk = split::cdiv(M, g.chunks);
+  g.chunks = M > 0 ? split::cdiv(M, g.rows_per_chunk) : 1;
+  return g;
+}
+
+bool use_pairs(const GroupDftParams& p, int elem_bytes) {
+  // Channel pairs: 16-bit types, n even (pairs never straddle rows; planes stay 4-byte aligned).
+  return elem_bytes == 2 && p.n % 2 == 0 && reinterpret_cast<uintptr_t>(p.src) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.dst) % 4 == 0;
+}
+
+cudaError_t sm_count(int* sms) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
+  return e;
 }
 
 template <class T, int kC>
-void launch_kc(const GroupDftParams& p, int64_t blocks, cudaStream_t stream) {
-  const int64_t total = p.M * p.n;
+void launch_kc(const GroupDftParams& p, const Grid& g, cudaStream_t stream) {
   const auto* src = static_cast<const Quad<T>*>(p.src);
   T* dst = static_cast<T*>(p.dst);
+  const dim3 grid(unsigned(g.bx), unsigned(g.chunks));
+  const int64_t gpr = p.n / kC;
   if (p.input)
-    group_dft_kernel<T, kC, true><<<unsigned(blocks), 256, 0, stream>>>(src, dst, total / kC, total);
+    group_dft_kernel<T, kC, true><<<grid, 256, 0, stream>>>(src, dst, p.M, gpr, g.W, g.rows_per_chunk, p.sums);
   else
-    group_dft_kernel<T, kC, false><<<unsigned(blocks), 256, 0, stream>>>(src, dst, total / kC, total);
+    group_dft_kernel<T, kC, false><<<grid, 256, 0, stream>>>(src, dst, p.M, gpr, g.W, g.rows_per_chunk, p.sums);
 }
 
 template <class T>
 cudaError_t launch(const GroupDftParams& p, cudaStream_t stream) {
-  const int64_t total = p.M * p.n;
-  if (total == 0) return cudaSuccess;
   if (reinterpret_cast<uintptr_t>(p.src) % (4 * sizeof(T)) != 0) return cudaErrorInvalidValue;
-  int dev = 0, sms = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (e != cudaSuccess) return e;
-  // Channel pairs: 16-bit types, n even (pairs never straddle rows; planes stay 4-byte aligned).
-  const bool pairs = sizeof(T) == 2 && p.n % 2 == 0 && reinterpret_cast<uintptr_t>(p.src) % 16 == 0 &&
-                     reinterpret_cast<uintptr_t>(p.dst) % 4 == 0;
-  const int64_t blocks = split::imin(split::cdiv(pairs ? total / 2 : total, 256), int64_t(sms) * 16);
+  int sms = 0;
+  if (const cudaError_t e = sm_count(&sms); e != cudaSuccess) return e;
+  const bool pairs = use_pairs(p, sizeof(T));
+  const Grid g = grid_for(p.M, pairs ? p.n / 2 : p.n, sms);
+  if (p.sums != nullptr && g.chunks > p.sum_chunks) return cudaErrorInvalidValue;
   if (pairs)
-    launch_kc<T, 2>(p, blocks, stream);
+    launch_kc<T, 2>(p, g, stream);
   else
-    launch_kc<T, 1>(p, blocks, stream);
+    launch_kc<T, 1>(p, g, stream);
   return cudaGetLastError();
 }
 
 }  // namespace
 
+int64_t eq_group_dft_sum_chunks(const GroupDftParams& p, int elem_bytes) {
+  int sms = 0;
+  if (p.M < 0 || p.n < 1 || sm_count(&sms) != cudaSuccess) return 0;
+  return grid_for(p.M, use_pairs(p, elem_bytes) ? p.n / 2 : p.n, sms).chunks;
+}
+
 cudaError_t eq_group_dft(const GroupDftParams& p, int elem_bytes, bool bf16, cudaStream_t stream) {
   if (p.M < 0 || p.n < 1) return cudaErrorInvalidValue;
-  if (p.M == 0) return cudaSuccess;
-  if (p.src == nullptr || p.dst == nullptr) return cudaErrorInvalidValue;
+  if (p.src == nullptr || p.dst == nullptr) return p.M == 0 ? cudaSuccess : cudaErrorInvalidValue;
+  if (p.M == 0 && p.sums == nullptr) return cudaSuccess;
   if (elem_bytes == 4) return launch<float>(p, stream);
   return bf16 ? launch<__nv_bfloat16>(p, stream) : launch<__half>(p, stream);
 }

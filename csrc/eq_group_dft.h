@@ -23,12 +23,20 @@ namespace flash_eqlinear {
 struct GroupDftParams {
   const void* src;
   void* dst;
-  int64_t M;   // rows (>= 0)
-  int64_t n;   // channels (>= 1)
-  bool input;  // true: the 5-plane x layout; false: the 4-plane grad_y layout
+  int64_t M;               // rows (>= 0)
+  int64_t n;               // channels (>= 1)
+  bool input;              // true: the 5-plane x layout; false: the 4-plane grad_y layout
+  float* sums = nullptr;   // optional (sum_chunks, n) FP32: row-chunk partial column sums of f0 (the
+                           // unrounded x0+x1+x2+x3; for grad_y: grad_bias = sums summed over chunks)
+  int64_t sum_chunks = 0;  // rows of `sums`: eq_group_dft_sum_chunks(p, elem_bytes), first rows written
 };
 
+// Row chunks (rows of `sums`) a launch with these sizes and pointers uses on the current device
+// (a pure function of M, n, alignment and the SM count: the sums are deterministic). 0 on error.
+int64_t eq_group_dft_sum_chunks(const GroupDftParams& p, int elem_bytes);
+
 // One launch on `stream`; elem_bytes 4 (float) or 2 (bf16 ? __nv_bfloat16 : __half).
+// cudaErrorInvalidValue for bad sizes or pointers, or `sums` with fewer than the needed chunks.
 cudaError_t eq_group_dft(const GroupDftParams& p, int elem_bytes, bool bf16, cudaStream_t stream);
 
 }  // namespace flash_eqlinear

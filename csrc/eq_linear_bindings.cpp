@@ -128,8 +128,9 @@ std::tuple<at::Tensor, at::Tensor> eq_linear_bwd_weight(const at::Tensor& x, con
 }
 
 // Group DFT into Fourier planes: t (M, 4n) -> (5, M, n) for input=True (x), (4, M, n) otherwise
-// (grad_y); layouts and scales in eq_group_dft.h.
-at::Tensor eq_group_dft_op(const at::Tensor& t, bool input) {
+// (grad_y); layouts and scales in eq_group_dft.h. With sum, also the FP32 column sums (n,) of
+// x0+x1+x2+x3 over the rows (for grad_y: grad_bias), reduced in a fixed order; else an empty (0,).
+std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool input, bool sum) {
   TORCH_CHECK(t.is_cuda(), "eq_group_dft: expected a CUDA tensor, got one on ", t.device().str());
   TORCH_CHECK(t.dim() == 2 && t.size(1) % 4 == 0 && t.size(1) > 0,
               "eq_group_dft: expected a 2-D (M, 4n) tensor, got ", shape(t.sizes()));
@@ -141,12 +142,21 @@ at::Tensor eq_group_dft_op(const at::Tensor& t, bool input) {
   if (reinterpret_cast<uintptr_t>(src.data_ptr()) % (4 * src.element_size()) != 0) src = src.clone();
   const int64_t M = t.size(0), n = t.size(1) / 4;
   at::Tensor out = at::empty({input ? 5 : 4, M, n}, t.options());
+  const auto f32 = t.options().dtype(at::kFloat);
+  if (M == 0) return {out, sum ? at::zeros({n}, f32) : at::empty({0}, f32)};
   GroupDftParams p{src.data_ptr(), out.data_ptr(), M, n, input};
-  const cudaError_t err = eq_group_dft(p, static_cast<int>(t.element_size()), dtype == at::kBFloat16,
-                                       at::cuda::getCurrentCUDAStream());
+  const int elem = static_cast<int>(t.element_size());
+  at::Tensor sums;
+  if (sum) {
+    p.sum_chunks = eq_group_dft_sum_chunks(p, elem);
+    TORCH_CHECK(p.sum_chunks > 0, "eq_group_dft: device query failed");
+    sums = at::empty({p.sum_chunks, n}, f32);
+    p.sums = sums.data_ptr<float>();
+  }
+  const cudaError_t err = eq_group_dft(p, elem, dtype == at::kBFloat16, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "eq_group_dft: kernel launch failed (M=", num(M), ", n=", num(n), "): ",
               cudaGetErrorString(err));
-  return out;
+  return {out, sum ? sums.sum(0) : at::empty({0}, f32)};
 }
 
 }  // namespace
@@ -154,7 +164,7 @@ at::Tensor eq_group_dft_op(const at::Tensor& t, bool input) {
 TORCH_LIBRARY(flash_eqlinear, m) {
   m.def("eq_linear_fwd(Tensor x, Tensor planes, Tensor? bias) -> Tensor");
   m.def("eq_linear_bwd_weight(Tensor x, Tensor grad_y) -> (Tensor, Tensor)");
-  m.def("eq_group_dft(Tensor t, bool input) -> Tensor");
+  m.def("eq_group_dft(Tensor t, bool input, bool sum) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {

@@ -108,13 +108,15 @@ if kernels_available():
         return x.new_empty((4, d, c)), x.new_empty((d,))
 
     @torch.library.register_fake("flash_eqlinear::eq_group_dft")
-    def _eq_group_dft_fake(t, input):
+    def _eq_group_dft_fake(t, input, sum):
         torch._check(
             t.dim() == 2 and t.shape[1] % 4 == 0 and t.shape[1] > 0,
             lambda: f"eq_group_dft: expected a 2-D (M, 4n) tensor, got {tuple(t.shape)}",
         )
         torch._check(t.dtype in _KERNEL_DTYPES, lambda: f"eq_group_dft: unsupported dtype {t.dtype}")
-        return t.new_empty((5 if input else 4, t.shape[0], t.shape[1] // 4))
+        n = t.shape[1] // 4
+        sums = t.new_empty((n if sum else 0,), dtype=torch.float32)
+        return t.new_empty((5 if input else 4, t.shape[0], n)), sums
 
     def weight_grad_mode(c: int, d: int) -> str:
         """The weight-gradient method the CUDA backward uses for a layer with these sizes."""
@@ -124,13 +126,13 @@ if kernels_available():
 
     def _weight_grads_gemm(x, grad_y, needs_p, needs_b):
         """grad_planes (4, d, c) and grad_bias (d,) as four GEMMs over Fourier planes (see
-        csrc/eq_group_dft.h for the plane layouts; the 1/2, 1/sqrt2 scales are folded into x's)."""
+        csrc/eq_group_dft.h for the plane layouts; the 1/2, 1/sqrt2 scales are folded into x's).
+        grad_bias comes out of grad_y's group DFT (FP32 column sums of g0, fixed order)."""
         M, c, d = x.shape[0], x.shape[1] // 4, grad_y.shape[1] // 4
-        gb = grad_y.reshape(M, d, 4).sum((0, 2), dtype=torch.float32).to(grad_y.dtype) if needs_b else None
         if not needs_p:
-            return None, gb
-        xf = torch.ops.flash_eqlinear.eq_group_dft(x, True)  # f0/2, f2/2, -fI/r2, fR/r2, fI/r2
-        gf = torch.ops.flash_eqlinear.eq_group_dft(grad_y, False)  # g0, g2, gR, gI
+            return None, grad_y.sum(0, dtype=torch.float32).view(d, 4).sum(1).to(grad_y.dtype)
+        xf, _ = torch.ops.flash_eqlinear.eq_group_dft(x, True, False)  # f0/2, f2/2, -fI/r2, fR/r2, fI/r2
+        gf, gb = torch.ops.flash_eqlinear.eq_group_dft(grad_y, False, needs_b)  # g0, g2, gR, gI
         g_ri = gf[2:4].reshape(2 * M, d).t()  # [gR; gI]^T
         gp = torch.stack(
             [
@@ -140,7 +142,7 @@ if kernels_available():
                 gf[1].t() @ xf[1],  # P2
             ]
         )
-        return gp, gb
+        return gp, gb.to(grad_y.dtype) if needs_b else None
 
     def _setup_context(ctx, inputs, output):
         x, planes, bias = inputs

@@ -391,12 +391,13 @@ def test_fused_weight_grad_fp16_range_and_alignment(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("M, n", [(0, 3), (1, 1), (129, 59), (4097, 64)])
+@pytest.mark.parametrize("M, n", [(0, 3), (1, 1), (129, 59), (4097, 64), (3001, 300), (20000, 2)])
 @pytest.mark.parametrize("input", [True, False])
 def test_group_dft_planes(M, n, input, dtype):
-    # The Fourier planes of the GEMM weight gradient: float64 transform rounded once.
+    # The Fourier planes of the GEMM weight gradient: float64 transform rounded once; the column
+    # sums of x0+x1+x2+x3 (grad_bias for grad_y) in FP32, bitwise repeatable.
     t = torch.randn(M, 4 * n, device=DEV, dtype=dtype)
-    out = torch.ops.flash_eqlinear.eq_group_dft(t, input)
+    out, sums = torch.ops.flash_eqlinear.eq_group_dft(t, input, True)
     t0, t1, t2, t3 = t.double().reshape(M, n, 4).unbind(-1)
     f0, f2, fr, fi = t0 + t1 + t2 + t3, t0 - t1 + t2 - t3, t0 - t2, t3 - t1
     h = 0.5**0.5
@@ -405,8 +406,15 @@ def test_group_dft_planes(M, n, input, dtype):
     assert out.shape == want.shape and out.dtype == dtype
     tol = 1e-6 if dtype == torch.float32 else ROUNDOFF[dtype]
     assert M == 0 or rel_l2(out, want) <= tol
+    assert sums.shape == (n,) and sums.dtype == torch.float32
+    want_sums = f0.sum(0)
+    assert (sums.double() - want_sums).abs().max() <= 1e-5 * (f0.abs().sum(0).max() + 1)
+    out2, sums2 = torch.ops.flash_eqlinear.eq_group_dft(t, input, True)
+    assert torch.equal(out, out2) and torch.equal(sums, sums2)
+    plain, none = torch.ops.flash_eqlinear.eq_group_dft(t, input, False)
+    assert torch.equal(plain, out) and none.numel() == 0
     if M:
-        torch.library.opcheck(torch.ops.flash_eqlinear.eq_group_dft.default, (t, input))
+        torch.library.opcheck(torch.ops.flash_eqlinear.eq_group_dft.default, (t, input, True))
 
 
 def test_fused_weight_grad_in_autograd():
