@@ -43,9 +43,10 @@ _WEIGHT_GRAD_MODES = ("auto", "fused", "gemm", "reference")
 WEIGHT_GRAD = os.environ.get("FLASH_EQLINEAR_WEIGHT_GRAD", "auto").strip().lower() or "auto"
 if WEIGHT_GRAD not in _WEIGHT_GRAD_MODES:
     raise ValueError(f"FLASH_EQLINEAR_WEIGHT_GRAD must be one of {_WEIGHT_GRAD_MODES}, got {WEIGHT_GRAD!r}")
-# "auto" uses the GEMM form from this many output weights per plane (c * d) on: on an H100 (M = 32768,
-# c = d) the fused kernels win up to c = 512 and the GEMM form from c = 1024, in every dtype.
-GEMM_WEIGHT_GRAD_MIN_CD = 768 * 768
+# "auto" uses the GEMM form from this many output weights per plane (c * d) on. H100, M = 32768, c = d
+# (benchmarks/profile_bwd.py): FP32 fused and GEMM tie at c = 512, GEMM wins from c = 1024 on; fp16 /
+# bf16: fused wins at c = 256 (0.14 vs 0.23 ms), GEMM at c = 512 (0.42 vs 0.66 ms).
+GEMM_WEIGHT_GRAD_MIN_CD = {torch.float32: 768 * 768, torch.float16: 2**17, torch.bfloat16: 2**17}
 
 
 def kernels_available() -> bool:
@@ -118,11 +119,11 @@ if kernels_available():
         sums = t.new_empty((n if sum else 0,), dtype=torch.float32)
         return t.new_empty((5 if input else 4, t.shape[0], n)), sums
 
-    def weight_grad_mode(c: int, d: int) -> str:
-        """The weight-gradient method the CUDA backward uses for a layer with these sizes."""
+    def weight_grad_mode(c: int, d: int, dtype: torch.dtype) -> str:
+        """The weight-gradient method the CUDA backward uses for a layer with these sizes and dtype."""
         if WEIGHT_GRAD != "auto":
             return WEIGHT_GRAD
-        return "gemm" if c * d >= GEMM_WEIGHT_GRAD_MIN_CD else "fused"
+        return "gemm" if c * d >= GEMM_WEIGHT_GRAD_MIN_CD[dtype] else "fused"
 
     def _weight_grads_gemm(x, grad_y, needs_p, needs_b):
         """grad_planes (4, d, c) and grad_bias (d,) as four GEMMs over Fourier planes (see
@@ -161,7 +162,7 @@ if kernels_available():
             gx = torch.ops.flash_eqlinear.eq_linear_fwd(grad_y.contiguous(), adj, None)
         if not (needs_p or needs_b):
             return gx, None, None
-        mode = weight_grad_mode(planes.shape[2], planes.shape[1])
+        mode = weight_grad_mode(planes.shape[2], planes.shape[1], x.dtype)
         if mode == "fused":
             gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, grad_y.contiguous())
             return gx, gp if needs_p else None, gb if needs_b else None
