@@ -1,16 +1,18 @@
 """Where the backward's time goes: each part of the CUDA backward timed on its own (CUDA graphs).
 
-python benchmarks/profile_bwd.py [--dtypes fp16,bf16] [--cs 512,1024,2048] [--rows 32768]
+python benchmarks/profile_bwd.py [--dtypes fp16,bf16] [--cs 512,1024,2048] [--rows 32768] [--cpu]
 
 Per (dtype, c), C = D = 4c, milliseconds: F.linear's forward and its two backward GEMMs, our
 grad_x (the forward kernel on the adjoint planes), the fused weight-gradient kernel, the GEMM
 form's parts (both group DFTs, the plane GEMMs) and the whole weight gradient per mode.
+--cpu: the host (Python + dispatch) microseconds per call of the eager backward and its parts.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -40,7 +42,6 @@ def case(dt, M: int, c: int) -> dict:
     idx = reference.circulant_index(4, "cuda")
     adj = reference.adjoint_planes(planes).contiguous()
     xf = eqf.eq_group_dft(x, True, False)[0]
-    xf4 = eqf.eq_group_dft(x, False, False)[0]
     gf = eqf.eq_group_dft(gy, False, True)[0]
 
     def gemms():
@@ -52,25 +53,8 @@ def case(dt, M: int, c: int) -> dict:
             gf[1].t() @ xf[1],
         )
 
-    def gemms4():  # x as 4 unscaled planes; PI as two GEMMs (alpha = -1 on the second)
-        g_ri = gf[2:4].reshape(2 * M, c).t()
-        pi = torch.mm(gf[3].t(), xf4[2])
-        return (
-            torch.bmm(gf[0:2].transpose(1, 2), xf4[0:2]),
-            g_ri @ xf4[2:4].reshape(2 * M, c),
-            torch.addmm(pi, gf[2].t(), xf4[3], alpha=-1),
-        )
-
-    rev = torch.arange(4, 0, -1, device="cuda")
-
-    def expand_is(w):  # cat + one index_select over unfold windows (compared with the gather)
-        u = torch.cat([w, w], -1).unfold(-1, 4, 1).permute(0, 2, 1, 3)
-        return u.index_select(1, rev).reshape(4 * c, 4 * c)
-
-    assert torch.equal(expand_is(w), W)
     return {
         "expand": timed(lambda w: reference.dense_weight(w, idx), w),
-        "expand_is": timed(expand_is, w),
         "lin_fwd": timed(F.linear, x, W),
         "naive_fwd": timed(lambda x: reference.naive_eq_linear(x, w, None, 4, idx), x),
         "lin_bwd": timed(lambda g, x: (g @ W, g.t() @ x, g.sum(0)), gy, x),
@@ -80,9 +64,44 @@ def case(dt, M: int, c: int) -> dict:
         "dft_x": timed(lambda x: eqf.eq_group_dft(x, True, False), x),
         "dft_gy": timed(lambda g: eqf.eq_group_dft(g, False, True), gy),
         "gemms": timed(gemms),
-        "dft_x4": timed(lambda x: eqf.eq_group_dft(x, False, False)[0], x),
-        "gemms4": timed(gemms4),
     }
+
+
+def cpu_us(fn, n: int = 300) -> float:
+    """Host time per call (microseconds) of fn on tiny tensors: what the Python/dispatch side costs."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
+def cpu_overhead(dt) -> None:
+    """Host cost of one backward (autograd.grad of all three gradients) and of its parts."""
+    M, c = 256, 64
+    x = torch.randn(M, 4 * c, device="cuda", dtype=dt, requires_grad=True)
+    gy = torch.randn(M, 4 * c, device="cuda", dtype=dt)
+    planes = (torch.randn(4, c, c, device="cuda") / (4 * c) ** 0.5).to(dt).requires_grad_()
+    bias = torch.zeros(c, device="cuda", dtype=dt, requires_grad=True)
+    W = reference.dense_weight(fe.planes_to_naive(planes.detach().float())).to(dt).requires_grad_()
+    B = torch.zeros(4 * c, device="cuda", dtype=dt, requires_grad=True)
+    y_lin = F.linear(x, W, B)
+    y = fe.flash_eq_linear(x, planes, bias)
+    eqf = torch.ops.flash_eqlinear
+    parts = {
+        "F.linear bwd": lambda: torch.autograd.grad(y_lin, (x, W, B), gy, retain_graph=True),
+        "flash bwd": lambda: torch.autograd.grad(y, (x, planes, bias), gy, retain_graph=True),
+        "flash fwd": lambda: fe.flash_eq_linear(x.detach(), planes.detach(), bias.detach()),
+        "adjoint": lambda: reference.adjoint_planes(planes.detach()).contiguous(),
+        "gx op": lambda: eqf.eq_linear_fwd(gy, planes.detach(), None),
+        "gw gemm form": lambda: ops._weight_grads_gemm(x.detach(), gy, True, True),
+        "gw fused op": lambda: eqf.eq_linear_bwd_weight(x.detach(), gy),
+    }
+    print(" | ".join(f"{k} {cpu_us(f):.0f} us" for k, f in parts.items()), flush=True)
 
 
 def main() -> None:
@@ -90,7 +109,12 @@ def main() -> None:
     ap.add_argument("--dtypes", default="fp16,bf16")
     ap.add_argument("--cs", default="512,1024,2048")
     ap.add_argument("--rows", type=int, default=32768)
+    ap.add_argument("--cpu", action="store_true", help="host cost per call instead (tiny tensors)")
     a = ap.parse_args()
+    if a.cpu:
+        for name in a.dtypes.split(","):
+            cpu_overhead(DTYPES[name])
+        return
     for i, name in enumerate(a.dtypes.split(",")):
         for j, c in enumerate(map(int, a.cs.split(","))):
             t = case(DTYPES[name], a.rows, c)
