@@ -23,7 +23,7 @@ from bench_op import graphed  # noqa: E402
 from common import bench  # noqa: E402
 
 import flash_eqlinear as fe  # noqa: E402
-from flash_eqlinear import ops, reference  # noqa: E402
+from flash_eqlinear import reference  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -60,7 +60,7 @@ def case(dt, M: int, c: int) -> dict:
         "lin_bwd": timed(lambda g, x: (g @ W, g.t() @ x, g.sum(0)), gy, x),
         "gx": timed(lambda g: eqf.eq_linear_fwd(g, adj, None), gy),
         "gw_fused": timed(eqf.eq_linear_bwd_weight, x, gy),
-        "gw_gemm": timed(lambda x, g: ops._weight_grads_gemm(x, g, True, True), x, gy),
+        "gw_gemm": timed(lambda x, g: eqf.eq_linear_bwd(g, x, planes, False, True, True, True), x, gy),
         "dft_x": timed(lambda x: eqf.eq_group_dft(x, True, False), x),
         "dft_gy": timed(lambda g: eqf.eq_group_dft(g, False, True), gy),
         "gemms": timed(gemms),
@@ -98,7 +98,8 @@ def cpu_overhead(dt) -> None:
         "flash fwd": lambda: fe.flash_eq_linear(x.detach(), planes.detach(), bias.detach()),
         "adjoint": lambda: reference.adjoint_planes(planes.detach()).contiguous(),
         "gx op": lambda: eqf.eq_linear_fwd(gy, planes.detach(), None),
-        "gw gemm form": lambda: ops._weight_grads_gemm(x.detach(), gy, True, True),
+        "gw gemm form": lambda: eqf.eq_linear_bwd(gy, x.detach(), planes.detach(), False, True, True, True),
+        "whole bwd op": lambda: eqf.eq_linear_bwd(gy, x.detach(), planes.detach(), True, True, True, True),
         "gw fused op": lambda: eqf.eq_linear_bwd_weight(x.detach(), gy),
     }
     print(" | ".join(f"{k} {cpu_us(f):.0f} us" for k, f in parts.items()), flush=True)

@@ -159,18 +159,73 @@ std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool inp
   return {out, sum ? sums.sum(0) : at::empty({0}, f32)};
 }
 
+// The whole backward in one op (one host call instead of a dozen Python-dispatched ones):
+// grad_y (M, 4d), x (M, 4c), planes (4, d, c) -> (grad_x (M, 4c), grad_planes (4, d, c), grad_bias (d,)),
+// each an empty (0,) tensor when not needed. grad_x: the forward kernel on the adjoint planes
+// (transposed, PI negated). Weight: gemm = false: the fused kernel; gemm = true: both group DFTs
+// (grad_bias from grad_y's) and four GEMMs into the output planes (layouts in eq_group_dft.h).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& grad_y, const at::Tensor& x,
+                                                             const at::Tensor& planes, bool needs_x, bool needs_p,
+                                                             bool needs_b, bool gemm) {
+  TORCH_CHECK(planes.dim() == 3 && planes.size(0) == 4,
+              "eq_linear_bwd: planes must have shape (4, d, c), got ", shape(planes.sizes()));
+  const int64_t d = planes.size(1), c = planes.size(2);
+  TORCH_CHECK(x.dim() == 2 && grad_y.dim() == 2 && x.size(0) == grad_y.size(0) && x.size(1) == 4 * c &&
+                  grad_y.size(1) == 4 * d,
+              "eq_linear_bwd: want grad_y (M, ", num(4 * d), "), x (M, ", num(4 * c), ") for planes ",
+              shape(planes.sizes()), ", got ", shape(grad_y.sizes()), ", ", shape(x.sizes()));
+  TORCH_CHECK(grad_y.is_cuda() && x.device() == grad_y.device() && planes.device() == grad_y.device(),
+              "eq_linear_bwd: grad_y, x and planes must be on one CUDA device, got ", grad_y.device().str(), ", ",
+              x.device().str(), ", ", planes.device().str());
+  TORCH_CHECK(x.scalar_type() == grad_y.scalar_type() && planes.scalar_type() == grad_y.scalar_type(),
+              "eq_linear_bwd: grad_y, x and planes must share one dtype, got ", c10::toString(grad_y.scalar_type()),
+              ", ", c10::toString(x.scalar_type()), ", ", c10::toString(planes.scalar_type()));
+  const at::cuda::CUDAGuard guard(grad_y.device());
+  const at::Tensor gy = grad_y.contiguous();
+  const auto none = [&] { return at::empty({0}, gy.options()); };
+  at::Tensor gx = none(), gp = none(), gb = none();
+  if (needs_x) {
+    at::Tensor adj = planes.transpose(1, 2).contiguous();
+    adj.select(0, 2).neg_();
+    gx = eq_linear_fwd(gy, adj, std::nullopt);
+  }
+  if (!needs_p && !needs_b) return {gx, gp, gb};
+  if (!gemm) {
+    auto [p, b] = eq_linear_bwd_weight(x, gy);
+    return {gx, needs_p ? p : gp, needs_b ? b : gb};
+  }
+  const int64_t M = x.size(0);
+  if (!needs_p) return {gx, gp, gy.sum(0, false, at::kFloat).view({d, 4}).sum(1).to(gy.scalar_type())};
+  const at::Tensor xf = std::get<0>(eq_group_dft_op(x, true, false));  // f0/2, f2/2, -fI/r2, fR/r2, fI/r2
+  const auto [gf, sums] = eq_group_dft_op(gy, false, needs_b);              // g0, g2, gR, gI
+  gp = at::empty({4, d, c}, gy.options());
+  const auto mm = [&](int64_t plane, const at::Tensor& a, const at::Tensor& b) {
+    at::Tensor out = gp.select(0, plane);
+    at::mm_out(out, a, b);
+  };
+  const at::Tensor g_ri = gf.narrow(0, 2, 2).reshape({2 * M, d}).t();  // [gR; gI]^T
+  mm(0, gf.select(0, 0).t(), xf.select(0, 0));
+  mm(1, g_ri, xf.narrow(0, 3, 2).reshape({2 * M, c}));  // PR: gR fR + gI fI
+  mm(2, g_ri, xf.narrow(0, 2, 2).reshape({2 * M, c}));  // PI: gI fR - gR fI
+  mm(3, gf.select(0, 1).t(), xf.select(0, 1));
+  return {gx, gp, needs_b ? sums.to(gy.scalar_type()) : gb};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(flash_eqlinear, m) {
   m.def("eq_linear_fwd(Tensor x, Tensor planes, Tensor? bias) -> Tensor");
   m.def("eq_linear_bwd_weight(Tensor x, Tensor grad_y) -> (Tensor, Tensor)");
   m.def("eq_group_dft(Tensor t, bool input, bool sum) -> (Tensor, Tensor)");
+  m.def("eq_linear_bwd(Tensor grad_y, Tensor x, Tensor planes, bool needs_x, bool needs_p, bool needs_b, "
+        "bool gemm) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
   m.impl("eq_linear_fwd", &eq_linear_fwd);
   m.impl("eq_linear_bwd_weight", &eq_linear_bwd_weight);
   m.impl("eq_group_dft", &eq_group_dft_op);
+  m.impl("eq_linear_bwd", &eq_linear_bwd);
 }
 
 }  // namespace flash_eqlinear

@@ -125,25 +125,27 @@ if kernels_available():
             return WEIGHT_GRAD
         return "gemm" if c * d >= GEMM_WEIGHT_GRAD_MIN_CD[dtype] else "fused"
 
-    def _weight_grads_gemm(x, grad_y, needs_p, needs_b):
-        """grad_planes (4, d, c) and grad_bias (d,) as four GEMMs over Fourier planes (see
-        csrc/eq_group_dft.h for the plane layouts; the 1/2, 1/sqrt2 scales are folded into x's).
-        grad_bias comes out of grad_y's group DFT (FP32 column sums of g0, fixed order)."""
-        M, c, d = x.shape[0], x.shape[1] // 4, grad_y.shape[1] // 4
-        if not needs_p:
-            return None, grad_y.sum(0, dtype=torch.float32).view(d, 4).sum(1).to(grad_y.dtype)
-        xf, _ = torch.ops.flash_eqlinear.eq_group_dft(x, True, False)  # f0/2, f2/2, -fI/r2, fR/r2, fI/r2
-        gf, gb = torch.ops.flash_eqlinear.eq_group_dft(grad_y, False, needs_b)  # g0, g2, gR, gI
-        g_ri = gf[2:4].reshape(2 * M, d).t()  # [gR; gI]^T
-        gp = torch.stack(
-            [
-                gf[0].t() @ xf[0],  # P0
-                g_ri @ xf[3:5].reshape(2 * M, c),  # PR: gR fR + gI fI
-                g_ri @ xf[2:4].reshape(2 * M, c),  # PI: gI fR - gR fI
-                gf[1].t() @ xf[1],  # P2
-            ]
+    @torch.library.register_fake("flash_eqlinear::eq_linear_bwd")
+    def _eq_linear_bwd_fake(grad_y, x, planes, needs_x, needs_p, needs_b, gemm):
+        d, c = planes.shape[1], planes.shape[2]
+        torch._check(
+            x.dim() == 2
+            and grad_y.dim() == 2
+            and x.shape == (grad_y.shape[0], 4 * c)
+            and grad_y.shape[1] == 4 * d,
+            lambda: f"eq_linear_bwd: want grad_y (M, {4 * d}), x (M, {4 * c}), got {grad_y.shape}, {x.shape}",
         )
-        return gp, gb.to(grad_y.dtype) if needs_b else None
+        torch._check(
+            x.dtype == grad_y.dtype == planes.dtype,
+            lambda: (
+                f"eq_linear_bwd: grad_y, x and planes must share one dtype, got {grad_y.dtype}, {x.dtype}"
+            ),
+        )
+        return (
+            grad_y.new_empty(x.shape if needs_x else (0,)),
+            grad_y.new_empty((4, d, c) if needs_p else (0,)),
+            grad_y.new_empty((d,) if needs_b else (0,)),
+        )
 
     def _setup_context(ctx, inputs, output):
         x, planes, bias = inputs
@@ -154,22 +156,16 @@ if kernels_available():
         x, planes = ctx.saved_tensors
         needs_x, needs_p = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         needs_b = ctx.has_bias and ctx.needs_input_grad[2]
-        gx = None
-        if needs_x:
-            # grad_x is the forward map with the adjoint planes (transposed, Im negated): the
-            # fused kernel runs it; the (4, c, d) adjoint is a weight-sized copy.
-            adj = reference.adjoint_planes(planes).contiguous()
-            gx = torch.ops.flash_eqlinear.eq_linear_fwd(grad_y.contiguous(), adj, None)
-        if not (needs_p or needs_b):
-            return gx, None, None
         mode = weight_grad_mode(planes.shape[2], planes.shape[1], x.dtype)
-        if mode == "fused":
-            gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, grad_y.contiguous())
-            return gx, gp if needs_p else None, gb if needs_b else None
-        if mode == "gemm":
-            return gx, *_weight_grads_gemm(x, grad_y.contiguous(), needs_p, needs_b)
-        _, gp, gb = reference.fourier_eq_linear_backward(grad_y, x, planes, (False, needs_p, needs_b))
-        return gx, gp, gb
+        ref = mode == "reference" and (needs_p or needs_b)
+        # One op for the rest (grad_x: the forward kernel on the adjoint planes; the weight: the fused
+        # kernel or group DFTs + GEMMs): the host cost of a backward is one call, not a dozen.
+        gx, gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd(
+            grad_y, x, planes, needs_x, needs_p and not ref, needs_b and not ref, mode == "gemm"
+        )
+        if ref:
+            _, gp, gb = reference.fourier_eq_linear_backward(grad_y, x, planes, (False, needs_p, needs_b))
+        return gx if needs_x else None, gp if needs_p else None, gb if needs_b else None
 
     torch.library.register_autograd("flash_eqlinear::eq_linear_fwd", _backward, setup_context=_setup_context)
 

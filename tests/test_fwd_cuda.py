@@ -417,6 +417,26 @@ def test_group_dft_planes(M, n, input, dtype):
         torch.library.opcheck(torch.ops.flash_eqlinear.eq_group_dft.default, (t, input, True))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("gemm", [False, True])
+@pytest.mark.parametrize("needs", [(1, 1, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1)])
+def test_backward_op(dtype, gemm, needs):
+    # The one-call backward: each requested gradient against float64, empty (0,) tensors otherwise.
+    M, c, d = 301, 24, 40
+    x, planes, _ = make(M, c, d, dtype)
+    gy = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
+    needs = tuple(map(bool, needs))
+    args = (gy, x, planes, *needs, gemm)
+    got = torch.ops.flash_eqlinear.eq_linear_bwd(*args)
+    want = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double())
+    tol = 1e-5 if dtype == torch.float32 else 4 * ROUNDOFF[dtype]
+    for need, g, w in zip(needs, got, want, strict=True):
+        assert (g.shape == w.shape and rel_l2(g, w) < tol) if need else g.numel() == 0
+    torch.library.opcheck(torch.ops.flash_eqlinear.eq_linear_bwd.default, args)
+    with pytest.raises(RuntimeError, match="eq_linear_bwd"):
+        torch.ops.flash_eqlinear.eq_linear_bwd(gy[:, :-4], x, planes, *needs, gemm)
+
+
 def test_fused_weight_grad_in_autograd():
     naive = fe.NaiveEQLinear(4 * 59, 4 * 48, device=DEV, dtype=torch.float64)
     flash = fe.FlashEQLinear.from_naive(naive.weight.detach().float(), naive.bias.detach().float())
