@@ -6,7 +6,8 @@ dense block-circulant weight), NaiveEQLinear (expansion + F.linear), the referen
 over F.linear; and a precision table against float64. All timings in one run, CUDA graphs of
 rotated inputs (several times L2), medians of CUDA-event samples.
 
-Usage: python benchmarks/bench_op.py [--direction fwd|bwd] [--dtypes fp32,fp16,bf16] [--cs 16,...]
+Usage: python benchmarks/bench_op.py [--direction fwd|bwd] [--dtypes fp32,tf32,fp16,bf16] [--cs 16,...]
+("tf32": float32 with torch.backends.cuda.matmul.allow_tf32 on, for F.linear and ours alike.)
 The backward mode times all three gradients (autograd.grad over retained graphs, no CUDA graphs)
 and reports the worst gradient's relative error in its table (all three in the JSON).
 Then: python benchmarks/plot.py benchmarks/results/NAME.json
@@ -28,7 +29,8 @@ from common import bench, environment, measure_ceilings, n_buffers, save_json  #
 import flash_eqlinear as fe  # noqa: E402
 from flash_eqlinear import reference  # noqa: E402
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# "tf32": float32 tensors with torch.backends.cuda.matmul.allow_tf32 on (F.linear and ours both use TF32)
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 CS = [16, 32, 64, 128, 256, 512, 1024, 2048]
 
 
@@ -210,7 +212,7 @@ def markdown(rows, ceilings, env) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dtypes", default="fp32,fp16,bf16")
+    ap.add_argument("--dtypes", default="fp32,tf32,fp16,bf16")
     ap.add_argument("--cs", default=",".join(map(str, CS)))
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=1024)
@@ -228,6 +230,7 @@ def main(argv=None) -> int:
     M = args.batch * args.tokens
     rows = []
     for dn in args.dtypes.split(","):
+        torch.backends.cuda.matmul.allow_tf32 = dn == "tf32"
         for c in map(int, args.cs.split(",")):
             case = run_case if args.direction == "fwd" else run_case_bwd
             r = case(dn, c, M, ceilings, args.prec_rows)

@@ -23,6 +23,16 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16) if "fwd" in DIRECTIO
             ref = reference.fourier_eq_linear(x.double(), planes.double(), b64, 4)
             err = ((y.double() - ref).norm() / ref.norm()).item()
             assert err < TOL[dtype], (dtype, M, c, d, err)
+# FP32 with TF32 allowed: group DFT, cuBLAS GEMMs, inverse DFT + bias.
+torch.backends.cuda.matmul.allow_tf32 = "fwd" in DIRECTIONS
+for M, c, d in SHAPES if "fwd" in DIRECTIONS else ():
+    x = torch.randn(M, 4 * c, device="cuda")
+    planes = torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5
+    b = torch.randn(d, device="cuda")
+    ref = reference.fourier_eq_linear(x.double(), planes.double(), b.double(), 4)
+    err = ((torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b).double() - ref).norm() / ref.norm()).item()
+    assert err < 5e-3, ("tf32", M, c, d, err)
+torch.backends.cuda.matmul.allow_tf32 = False
 # Weight gradient (grad_planes, grad_bias): ragged shapes, including a larger M (split over M).
 for dtype in (torch.float32, torch.float16, torch.bfloat16) if "bwd" in DIRECTIONS else ():
     for M, c, d in SHAPES + [(5000, 48, 59), (3000, 64, 128)]:

@@ -150,7 +150,32 @@ cudaError_t launch(const GroupDftParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// One thread per (row, output channel): four coalesced column-block loads, one 16-byte store.
+__global__ void __launch_bounds__(256) group_idft_kernel(GroupIdftParams p) {
+  constexpr float kH = 0.70710678118654752f;
+  const int64_t total = p.M * p.d;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t m = e / p.d, o = e - m * p.d;
+    const float* row = p.a + m * p.lda + o;
+    const float a0 = 0.5f * row[0], a2 = 0.5f * row[p.d], ar = kH * row[2 * p.d], ai = kH * row[3 * p.d];
+    const float b = p.bias != nullptr ? p.bias[o] : 0.f;
+    const float s = a0 + a2 + b, t = a0 - a2 + b;
+    reinterpret_cast<float4*>(p.y)[e] = make_float4(s + ar, t - ai, s - ar, t + ai);
+  }
+}
+
 }  // namespace
+
+cudaError_t eq_group_idft_fp32(const GroupIdftParams& p, cudaStream_t stream) {
+  if (p.M < 0 || p.d < 1 || p.lda < 4 * p.d) return cudaErrorInvalidValue;
+  if (p.M == 0) return cudaSuccess;
+  if (p.a == nullptr || p.y == nullptr || reinterpret_cast<uintptr_t>(p.y) % 16 != 0) return cudaErrorInvalidValue;
+  int sms = 0;
+  if (const cudaError_t e = sm_count(&sms); e != cudaSuccess) return e;
+  const int64_t blocks = split::imin(split::cdiv(p.M * p.d, 256), int64_t(sms) * 16);
+  group_idft_kernel<<<unsigned(blocks), 256, 0, stream>>>(p);
+  return cudaGetLastError();
+}
 
 int64_t eq_group_dft_sum_chunks(const GroupDftParams& p, int elem_bytes) {
   int sms = 0;

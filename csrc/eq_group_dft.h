@@ -39,4 +39,18 @@ int64_t eq_group_dft_sum_chunks(const GroupDftParams& p, int elem_bytes);
 // cudaErrorInvalidValue for bad sizes or pointers, or `sums` with fewer than the needed chunks.
 cudaError_t eq_group_dft(const GroupDftParams& p, int elem_bytes, bool bf16, cudaStream_t stream);
 
+// Inverse group DFT + bias, FP32 (the epilogue of the TF32 forward, flash_eqlinear bindings):
+//   a (M, 4d) column blocks [a0 | a2 | aR | aI] (row stride lda >= 4d), bias (d,) or nullptr ->
+//   y (M, d, 4) contiguous with y0 = a0/2 + a2/2 + h aR, y1 = a0/2 - a2/2 - h aI,
+//   y2 = a0/2 + a2/2 - h aR, y3 = a0/2 - a2/2 + h aI (+ bias[o]), h = sqrt(2)/2: the p4 epilogue of
+//   DESIGN.md for the six plane products a0 = f0 P0^T, a2 = f2 P2^T, aR = fR PR^T - fI PI^T,
+//   aI = fR PI^T + fI PR^T. y must be 16-byte aligned.
+struct GroupIdftParams {
+  const float* a;
+  const float* bias;  // nullptr: none
+  float* y;
+  int64_t M, d, lda;
+};
+cudaError_t eq_group_idft_fp32(const GroupIdftParams& p, cudaStream_t stream);
+
 }  // namespace flash_eqlinear

@@ -123,7 +123,8 @@ if kernels_available():
         """The weight-gradient method the CUDA backward uses for a layer with these sizes and dtype."""
         if WEIGHT_GRAD != "auto":
             return WEIGHT_GRAD
-        return "gemm" if c * d >= GEMM_WEIGHT_GRAD_MIN_CD[dtype] else "fused"
+        tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32  # GEMMs on tensor cores
+        return "gemm" if c * d >= GEMM_WEIGHT_GRAD_MIN_CD[torch.float16 if tf32 else dtype] else "fused"
 
     @torch.library.register_fake("flash_eqlinear::eq_linear_bwd")
     def _eq_linear_bwd_fake(grad_y, x, planes, needs_x, needs_p, needs_b, gemm):

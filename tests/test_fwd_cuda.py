@@ -307,6 +307,50 @@ def test_gradients_against_fp64(which, M, c, d, dtype, mode, monkeypatch):
     assert got.dtype == dtype and err <= tol, (err, tol)
 
 
+@pytest.fixture
+def allow_tf32():
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+@pytest.mark.parametrize("mode", ["fused", "gemm"])
+@pytest.mark.parametrize("M, c, d", [(257, 59, 48), (7, 3, 1), (4097, 64, 200), (300, 1025, 16)])
+def test_tf32_path(M, c, d, mode, allow_tf32, monkeypatch):
+    # FP32 with TF32 allowed (PyTorch's switch, which F.linear follows too): the forward and grad_x on
+    # tensor cores (group DFT + cuBLAS TF32 GEMMs + inverse DFT), the weight gradient by `mode`.
+    # Each output within 2x of F.linear's own TF32 error, or of TF32's unit roundoff 2^-11.
+    from flash_eqlinear import ops
+
+    monkeypatch.setattr(ops, "WEIGHT_GRAD", mode)
+    x, planes, b = make(M, c, d, torch.float32, seed=M + c)
+    g = torch.randn(M, 4 * d, device=DEV)
+    leaves = [t.detach().clone().requires_grad_() for t in (x, planes, b)]
+    y = fe.flash_eq_linear(*leaves)
+    y.backward(g)
+    x64, p64, b64 = [t.detach().double().requires_grad_() for t in (x, planes, b)]
+    y64 = reference.naive_eq_linear(x64, fe.planes_to_naive(p64), b64, 4)
+    y64.backward(g.double())
+    W64 = reference.dense_weight(fe.planes_to_naive(planes.double())).requires_grad_()
+    B64 = b.double().repeat_interleave(4).requires_grad_()
+    W, B = W64.detach().float().requires_grad_(), B64.detach().float().requires_grad_()
+    xl, xl64 = x.detach().clone().requires_grad_(), x.double().requires_grad_()
+    yl, yl64 = F.linear(xl, W, B), F.linear(xl64, W64, B64)
+    yl.backward(g)
+    yl64.backward(g.double())
+    assert rel_l2(y, y64) > 1e-6  # TF32 rounding is visible: the tensor-core path ran
+    pairs = [
+        (y, y64, yl, yl64),
+        (leaves[0].grad, x64.grad, xl.grad, xl64.grad),
+        (leaves[1].grad, p64.grad, W.grad, W64.grad),
+        (leaves[2].grad, b64.grad, B.grad, B64.grad),
+    ]
+    for i, (got, want, lin, lin64) in enumerate(pairs):
+        err, tol = rel_l2(got, want), 2 * max(rel_l2(lin, lin64), 2.0**-11)
+        assert got.dtype == torch.float32 and err <= tol, (i, err, tol)
+
+
 def test_main_entry_point_on_gpu():
     import subprocess
     import sys
