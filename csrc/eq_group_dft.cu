@@ -30,13 +30,14 @@ template <class T> struct alignas(4 * sizeof(T)) Quad { T v[4]; };
 template <class T, int kC, bool kInput>
 __global__ void __launch_bounds__(256) group_dft_kernel(const Quad<T>* __restrict__ src, T* __restrict__ dst,
                                                         int64_t M, int64_t gpr, int W, int64_t rows_per_chunk,
-                                                        float* __restrict__ sums) {
+                                                        bool blocks, float* __restrict__ sums) {
   constexpr float kH = 0.70710678118654752f;
   constexpr int kPlanes = kInput ? 5 : 4;
   const int R = 256 / W, lane = threadIdx.x % W, row_off = threadIdx.x / W;
   const int64_t cg = int64_t(blockIdx.x) * W + lane;
   const bool active = row_off < R && cg < gpr;
-  const int64_t plane = M * gpr * kC;
+  const int64_t n = gpr * kC;
+  const int64_t plane = blocks ? n : M * n, row_stride = blocks ? kPlanes * n : n;
   const int64_t r_end = M < (int64_t(blockIdx.y) + 1) * rows_per_chunk ? M : (int64_t(blockIdx.y) + 1) * rows_per_chunk;
   float acc[kC] = {};
   for (int64_t r = int64_t(blockIdx.y) * rows_per_chunk + row_off; active && r < r_end; r += R) {
@@ -70,7 +71,7 @@ __global__ void __launch_bounds__(256) group_dft_kernel(const Quad<T>* __restric
     }
 #pragma unroll
     for (int pl = 0; pl < kPlanes; ++pl) {
-      T* const d = dst + pl * plane + e * kC;
+      T* const d = dst + pl * plane + r * row_stride + cg * kC;
       if constexpr (kC == 2) {
         *reinterpret_cast<uint32_t*>(d) = *reinterpret_cast<const uint32_t*>(out[pl]);
       } else {
@@ -130,9 +131,11 @@ void launch_kc(const GroupDftParams& p, const Grid& g, cudaStream_t stream) {
   const dim3 grid(unsigned(g.bx), unsigned(g.chunks));
   const int64_t gpr = p.n / kC;
   if (p.input)
-    group_dft_kernel<T, kC, true><<<grid, 256, 0, stream>>>(src, dst, p.M, gpr, g.W, g.rows_per_chunk, p.sums);
+    group_dft_kernel<T, kC, true><<<grid, 256, 0, stream>>>(src, dst, p.M, gpr, g.W, g.rows_per_chunk, p.blocks,
+                                                            p.sums);
   else
-    group_dft_kernel<T, kC, false><<<grid, 256, 0, stream>>>(src, dst, p.M, gpr, g.W, g.rows_per_chunk, p.sums);
+    group_dft_kernel<T, kC, false><<<grid, 256, 0, stream>>>(src, dst, p.M, gpr, g.W, g.rows_per_chunk, p.blocks,
+                                                             p.sums);
 }
 
 template <class T>
@@ -154,7 +157,8 @@ cudaError_t launch(const GroupDftParams& p, cudaStream_t stream) {
 __global__ void __launch_bounds__(256) group_idft_kernel(GroupIdftParams p) {
   constexpr float kH = 0.70710678118654752f;
   const int64_t total = p.M * p.d;
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
     const int64_t m = e / p.d, o = e - m * p.d;
     const float* row = p.a + m * p.lda + o;
     const float a0 = 0.5f * row[0], a2 = 0.5f * row[p.d], ar = kH * row[2 * p.d], ai = kH * row[3 * p.d];

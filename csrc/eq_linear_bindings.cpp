@@ -34,29 +34,28 @@ void check_device_supported(const at::Tensor& t) {
 }
 
 // FP32 forward on tensor cores when PyTorch allows TF32 for matmuls (the switch F.linear follows):
-// the group DFT of x into planes [f0, f2, fR, fI] (M, c), four TF32 GEMMs (cuBLAS) into the column
-// blocks [a0 | a2 | aR | aI] of one (M, 4d) buffer ([aR | aI] = fR [PR; PI]^T + fI [-PI; PR]^T, N = 2d),
-// then the inverse DFT + bias pass. Two extra passes over x-sized and y-sized FP32 buffers (a
-// workspace of 4 M (c + d) floats) buy cuBLAS's TF32 rate for the 6/16 of the dense MACs.
+// the group DFT of x into column blocks [f0 | f2 | fR | fI] of one (M, 4c) buffer, three TF32 GEMMs
+// (cuBLAS) into the column blocks [a0 | a2 | aR | aI] of one (M, 4d) buffer, the complex pair as one
+// GEMM with K = 2c: [aR | aI] = [fR | fI] [[PR, -PI], [PI, PR]]^T; then the inverse DFT + bias pass.
+// Two extra passes over x-sized and y-sized FP32 buffers (a workspace of 4 M (c + d) floats) buy
+// cuBLAS's TF32 rate for the 6/16 of the dense MACs.
 at::Tensor eq_linear_fwd_tf32(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias) {
   const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const at::Tensor xs = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 ? x : x.clone();  // DFT: float4 rows
-  at::Tensor xf = at::empty({4, M, c}, x.options());
-  GroupDftParams dp{xs.data_ptr(), xf.data_ptr(), M, c, false};
+  at::Tensor xf = at::empty({M, 4 * c}, x.options());
+  GroupDftParams dp{xs.data_ptr(), xf.data_ptr(), M, c, false, true};
   cudaError_t err = eq_group_dft(dp, 4, false, stream);
   TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd (tf32): group DFT failed: ", cudaGetErrorString(err));
   at::Tensor a = at::empty({M, 4 * d}, x.options());
-  const auto mm = [&](int64_t col, int64_t n, const at::Tensor& f, const at::Tensor& w) {
+  const auto mm = [&](int64_t col, int64_t n, int64_t fcol, int64_t k, const at::Tensor& w) {
     at::Tensor out = a.narrow(1, col, n);
-    at::mm_out(out, f, w.t());
+    at::mm_out(out, xf.narrow(1, fcol, k), w.t());
   };
-  const at::Tensor p0 = planes.select(0, 0), pr = planes.select(0, 1), pi = planes.select(0, 2);
-  mm(0, d, xf.select(0, 0), p0);
-  mm(d, d, xf.select(0, 1), planes.select(0, 3));
-  mm(2 * d, 2 * d, xf.select(0, 2), at::cat({pr, pi}));
-  at::Tensor ari = a.narrow(1, 2 * d, 2 * d);
-  ari.addmm_(xf.select(0, 3), at::cat({pi.neg(), pr}).t());
+  const at::Tensor pr = planes.select(0, 1), pi = planes.select(0, 2);
+  mm(0, d, 0, c, planes.select(0, 0));
+  mm(d, d, c, c, planes.select(0, 3));
+  mm(2 * d, 2 * d, 2 * c, 2 * c, at::cat({at::cat({pr, pi.neg()}, 1), at::cat({pi, pr}, 1)}));
   at::Tensor y = at::empty({M, 4 * d}, x.options());
   GroupIdftParams ip{a.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(),
                      M, d, 4 * d};
