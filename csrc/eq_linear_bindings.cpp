@@ -10,6 +10,7 @@
 #include "eq_group_dft.h"
 #include "eq_linear_bwd_weight.h"
 #include "eq_linear_fwd.h"
+#include "eq_linear_fwd_sm90.h"
 
 namespace flash_eqlinear {
 namespace {
@@ -33,13 +34,13 @@ void check_device_supported(const at::Tensor& t) {
               ". Set FLASH_EQLINEAR_BACKEND=reference to use the pure-PyTorch path.");
 }
 
-// FP32 forward on tensor cores when PyTorch allows TF32 for matmuls (the switch F.linear follows):
-// the group DFT of x into column blocks [f0 | f2 | fR | fI] of one (M, 4c) buffer, three TF32 GEMMs
+// FP32 forward on tensor cores when PyTorch allows TF32 for matmuls (the switch F.linear follows) and
+// the fused Hopper kernel does not apply (other GPUs, FLASH_EQLINEAR_SM90=0, shapes): the group DFT of x into column blocks [f0 | f2 | fR | fI] of one (M, 4c) buffer, three TF32 GEMMs
 // (cuBLAS) into the column blocks [a0 | a2 | aR | aI] of one (M, 4d) buffer, the complex pair as one
 // GEMM with K = 2c: [aR | aI] = [fR | fI] [[PR, -PI], [PI, PR]]^T; then the inverse DFT + bias pass.
 // Two extra passes over x-sized and y-sized FP32 buffers (a workspace of 4 M (c + d) floats) buy
 // cuBLAS's TF32 rate for the 6/16 of the dense MACs.
-at::Tensor eq_linear_fwd_tf32(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias) {
+void eq_linear_fwd_tf32(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y) {
   const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const at::Tensor xs = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 ? x : x.clone();  // DFT: float4 rows
@@ -56,12 +57,10 @@ at::Tensor eq_linear_fwd_tf32(const at::Tensor& x, const at::Tensor& planes, con
   mm(0, d, 0, c, planes.select(0, 0));
   mm(d, d, c, c, planes.select(0, 3));
   mm(2 * d, 2 * d, 2 * c, 2 * c, at::cat({at::cat({pr, pi.neg()}, 1), at::cat({pi, pr}, 1)}));
-  at::Tensor y = at::empty({M, 4 * d}, x.options());
   GroupIdftParams ip{a.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(),
                      M, d, 4 * d};
   err = eq_group_idft_fp32(ip, stream);
   TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd (tf32): inverse DFT failed: ", cudaGetErrorString(err));
-  return y;
 }
 
 // x (M, 4c), planes (4, d, c), bias (d,) or None -> y (M, 4d); all one dtype, on one CUDA device.
@@ -97,11 +96,19 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
   const at::cuda::CUDAGuard guard(x.device());
   const at::Tensor xc = x.contiguous(), pc = planes.contiguous();
   if (M == 0) return at::empty({M, 4 * d}, x.options());
-  if (dtype == at::kFloat && at::globalContext().allowTF32CuBLAS()) return eq_linear_fwd_tf32(xc, pc, b);
   at::Tensor y = at::empty({M, 4 * d}, x.options());
   FwdParams p{xc.data_ptr(), pc.data_ptr(), b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), M, c, d};
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   cudaError_t err;
+  if (dtype == at::kFloat && at::globalContext().allowTF32CuBLAS()) {
+    // TF32 allowed: the fused Hopper kernel where it applies, else the DFT + cuBLAS form.
+    bool launched = false;
+    err = eq_linear_fwd_sm90_tf32(p, stream, &launched);
+    TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: TF32 kernel launch failed (M=", num(M), ", c=", num(c),
+                ", d=", num(d), "): ", cudaGetErrorString(err));
+    if (!launched) eq_linear_fwd_tf32(xc, pc, b, y);
+    return y;
+  }
   switch (dtype) {
     case at::kFloat: err = eq_linear_fwd_fp32(p, stream); break;
     case at::kHalf: err = eq_linear_fwd_fp16(p, stream); break;

@@ -61,10 +61,16 @@
 namespace flash_eqlinear {
 namespace {
 
-constexpr int kBM = 128, kBN = 64, kBK = 32, kStages = 4;
+constexpr int kBM = 128, kBN = 64, kStages = 4;
+// Channels per stage: a stage holds 64-byte plane rows and two 128-byte x rows per tile row whatever
+// the element type, so 32 channels of fp16 / bf16 and 16 of float (TF32). Each k step (k16 of 16-bit
+// wgmma, k8 of TF32) covers 32 bytes of a plane row and one 128-byte x sub-tile: the byte layout,
+// the descriptors and the A fragment addressing are the same for all three types.
+template <class T>
+constexpr int kBK = 64 / int(sizeof(T));
 constexpr int kConsumerWarps = 8, kThreads = 128 + 32 * kConsumerWarps;
 constexpr uint32_t kXSub = kBM * 128;          // one 16-channel x sub-tile: 16 KB
-constexpr uint32_t kPlane = kBN * kBK * 2;      // one plane tile: 4 KB
+constexpr uint32_t kPlane = kBN * 64;           // one plane tile: 4 KB
 constexpr uint32_t kStageBytes = 2 * kXSub + 4 * kPlane;
 constexpr int kSmem = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers + alignment slack
 
@@ -83,6 +89,35 @@ __device__ __forceinline__ void tile_origin(const P& p, int64_t tile, int& m0, i
   grouped_tile(tile, p.num_m, p.num_n, m_tile, n_tile);
   m0 = static_cast<int>(m_tile) * kBM;
   n0 = static_cast<int>(n_tile) * kBN;
+}
+
+// TF32 counterpart of xform_h2: one channel's 4 group values (FP32) -> its F0, FR, FI, F2 fragment
+// registers, rounded to TF32 (to nearest; the tensor cores would truncate).
+// (Templates only so that targets without the kernel body, which never call them, do not warn.)
+template <int = 0>
+__device__ __forceinline__ uint32_t to_tf32(float f) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(f));
+  return r;
+}
+
+template <int = 0>
+__device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t& FR, uint32_t& FI, uint32_t& F2) {
+  const float x0 = __uint_as_float(v.x), x1 = __uint_as_float(v.y), x2 = __uint_as_float(v.z),
+              x3 = __uint_as_float(v.w);
+  const float s02 = x0 + x2, s13 = x1 + x3;
+  F0 = to_tf32(s02 + s13);
+  F2 = to_tf32(s02 - s13);
+  FR = to_tf32(x0 - x2);
+  FI = to_tf32(x3 - x1);
+}
+
+// FP32 epilogue of one (row, output channel): y0..y3 = the header's inverse transform + bias.
+template <int = 0>
+__device__ __forceinline__ float4 inverse_dft4_f32(float a0, float a2, float ar, float ai, float b) {
+  constexpr float kR = 0.70710678118654752f;
+  const float s = fmaf(0.5f, a0 + a2, b), t = fmaf(0.5f, a0 - a2, b);
+  return make_float4(fmaf(kR, ar, s), fmaf(-kR, ai, t), fmaf(-kR, ar, s), fmaf(kR, ai, t));
 }
 
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
@@ -106,11 +141,13 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
     tile_origin(p, tile, m0, n0);
     // The tile's bias pairs (o, o+1) for o = n0 + 8 j + 2 t, loaded now: their latency hides behind
     // the main loop instead of stalling the epilogue.
+    // (16-bit pairs only: float bias pairs are loaded in the epilogue, registers are tight.)
     uint32_t bias2[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int o = n0 + 8 * j + 2 * t;
-      bias2[j] = (bias != nullptr && o < p.d) ? __ldg(reinterpret_cast<const unsigned int*>(bias + o)) : 0u;
+      if constexpr (sizeof(T) == 2)
+        bias2[j] = (bias != nullptr && o < p.d) ? __ldg(reinterpret_cast<const unsigned int*>(bias + o)) : 0u;
     }
     float acc[4][8][4];  // sets: 0 = a0, 1 = a2, 2 = aR, 3 = aI; [n8 block][C fragment]
 #pragma unroll
@@ -139,17 +176,22 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
       for (int ks = 0; ks < 2; ++ks) {
         uint32_t(&f)[4][4] = fa[ks];
 #pragma unroll
-        for (int r = 0; r < 4; ++r)  // fragment register r: row + 8 (r & 1), k hi (r >> 1)
-          xform_h2<T>((r >> 1) == odd ? v[r & 1] : v[2 + (r & 1)], f[0][r], f[1][r], f[2][r], f[3][r]);
+        for (int r = 0; r < 4; ++r) {  // fragment register r: row + 8 (r & 1), k hi (r >> 1)
+          const uint4 raw = (r >> 1) == odd ? v[r & 1] : v[2 + (r & 1)];
+          if constexpr (sizeof(T) == 2)
+            xform_h2<T>(raw, f[0][r], f[1][r], f[2][r], f[3][r]);
+          else
+            xform_tf32(raw, f[0][r], f[1][r], f[2][r], f[3][r]);
+        }
         const uint64_t dk = desc0 + ((s * kStageBytes + ks * 32) >> 4);
         const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
         wgmma_fence();
-        wgmma_m64n64k16_rs<T, 1>(acc[2], f[1], dr);
-        wgmma_m64n64k16_rs<T, 1>(acc[3], f[1], di);
-        wgmma_m64n64k16_rs<T, 1>(acc[0], f[0], d0);
-        wgmma_m64n64k16_rs<T, 1>(acc[1], f[3], d2);
-        wgmma_m64n64k16_rs<T, -1>(acc[2], f[2], di);
-        wgmma_m64n64k16_rs<T, 1>(acc[3], f[2], dr);
+        wgmma_m64n64_rs<T, 1>(acc[2], f[1], dr);
+        wgmma_m64n64_rs<T, 1>(acc[3], f[1], di);
+        wgmma_m64n64_rs<T, 1>(acc[0], f[0], d0);
+        wgmma_m64n64_rs<T, 1>(acc[1], f[3], d2);
+        wgmma_m64n64_rs<T, -1>(acc[2], f[2], di);
+        wgmma_m64n64_rs<T, 1>(acc[3], f[2], dr);
         wgmma_commit();
         if (ks == 0) {
           load_x(st + kXSub);
@@ -179,19 +221,32 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
     for (int j = 0; j < 8; ++j) {
       const int o = n0 + 8 * j + 2 * t;
       if (o >= p.d) continue;  // d even: o + 1 < d too
-      const float2 bo2 = Elem<T>::unpack(bias2[j]);
+      float2 bo2;
+      if constexpr (sizeof(T) == 2)
+        bo2 = Elem<T>::unpack(bias2[j]);
+      else
+        bo2 = bias != nullptr ? __ldg(reinterpret_cast<const float2*>(bias + o)) : make_float2(0.f, 0.f);
       const float bo[2] = {bo2.x, bo2.y};
 #pragma unroll
       for (int r8 = 0; r8 < 2; ++r8) {
         const int64_t m = static_cast<int64_t>(m0) + row + 8 * r8;
         if (m >= p.M) continue;
-        uint32_t out[2][2];
+        if constexpr (sizeof(T) == 2) {
+          uint32_t out[2][2];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int e = 2 * r8 + i;
-          inverse_dft4<T>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i], out[i][0], out[i][1]);
+          for (int i = 0; i < 2; ++i) {
+            const int e = 2 * r8 + i;
+            inverse_dft4<T>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i], out[i][0], out[i][1]);
+          }
+          *reinterpret_cast<uint4*>(y + (m * p.d + o) * 4) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
+        } else {  // two 16-byte stores: channels o and o + 1
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int e = 2 * r8 + i;
+            *reinterpret_cast<float4*>(y + (m * p.d + o + i) * 4) =
+                inverse_dft4_f32(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i]);
+          }
         }
-        *reinterpret_cast<uint4*>(y + (m * p.d + o) * 4) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
       }
     }
   }
@@ -230,9 +285,9 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
           if (it >= kStages) mbar_wait(empty_bar + 8 * s, ((it / kStages) - 1) & 1);
           const uint32_t st = base + s * kStageBytes, bar = full_bar + 8 * s;
           mbar_arrive_expect_tx(bar, kStageBytes);
-          tma_load_2d(st, &tm_x, kt * kBK * 4, m0, bar);
-          tma_load_2d(st + kXSub, &tm_x, kt * kBK * 4 + 64, m0, bar);
-          tma_load_3d(st + 2 * kXSub, &tm_p, kt * kBK, n0, 0, bar);
+          tma_load_2d(st, &tm_x, kt * kBK<T> * 4, m0, bar);
+          tma_load_2d(st + kXSub, &tm_x, kt * kBK<T> * 4 + 2 * kBK<T>, m0, bar);
+          tma_load_3d(st + 2 * kXSub, &tm_p, kt * kBK<T>, n0, 0, bar);
         }
       }
     }
@@ -263,12 +318,14 @@ EncodeTiled encoder() {
   return fn;
 }
 
-// Row-major tensor of 16-bit elements: dims / byte strides innermost first (strides of dims 1..rank-1).
-bool encode(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
-            const cuuint32_t* box, CUtensorMapSwizzle swizzle) {
+// Row-major tensor of 16- or 32-bit elements: dims / byte strides innermost first (strides of dims
+// 1..rank-1). The element type only sets the element size: TMA copies bits.
+bool encode(CUtensorMap* map, const void* ptr, int elem_bytes, int rank, const cuuint64_t* dims,
+            const cuuint64_t* strides, const cuuint32_t* box, CUtensorMapSwizzle swizzle) {
   const EncodeTiled fn = encoder();
   const cuuint32_t unit[3] = {1, 1, 1};
-  return fn != nullptr && fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, rank, const_cast<void*>(ptr), dims, strides,
+  const auto type = elem_bytes == 4 ? CU_TENSOR_MAP_DATA_TYPE_UINT32 : CU_TENSOR_MAP_DATA_TYPE_UINT16;
+  return fn != nullptr && fn(map, type, rank, const_cast<void*>(ptr), dims, strides,
                              box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
@@ -294,9 +351,10 @@ bool aligned16(const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0;
 template <class T>
 cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   *launched = false;
-  if (!sm90_path_enabled() || p.M <= 0 || p.M > 0x7fffffff - kBM || p.c % 8 != 0 || p.d % 2 != 0 ||
+  constexpr int kE = sizeof(T);
+  if (!sm90_path_enabled() || p.M <= 0 || p.M > 0x7fffffff - kBM || (p.c * kE) % 16 != 0 || p.d % 2 != 0 ||
       p.c > 0x3fffffff / 4 || p.d > 0x7fffffff - kBN || !aligned16(p.x) || !aligned16(p.planes) || !aligned16(p.y) ||
-      reinterpret_cast<uintptr_t>(p.bias) % 4 != 0)
+      reinterpret_cast<uintptr_t>(p.bias) % (2 * kE) != 0)
     return cudaSuccess;
   int dev = 0, major = 0, smem_optin = 0, num_sms = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -311,13 +369,13 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
 
   CUtensorMap tm_x, tm_p;
   const cuuint64_t x_dims[2] = {static_cast<cuuint64_t>(4 * p.c), static_cast<cuuint64_t>(p.M)};
-  const cuuint64_t x_strides[1] = {static_cast<cuuint64_t>(8 * p.c)};
-  const cuuint32_t x_box[2] = {64, kBM};
+  const cuuint64_t x_strides[1] = {static_cast<cuuint64_t>(4 * kE * p.c)};
+  const cuuint32_t x_box[2] = {128 / kE, kBM};
   const cuuint64_t p_dims[3] = {static_cast<cuuint64_t>(p.c), static_cast<cuuint64_t>(p.d), 4};
-  const cuuint64_t p_strides[2] = {static_cast<cuuint64_t>(2 * p.c), static_cast<cuuint64_t>(2 * p.c * p.d)};
-  const cuuint32_t p_box[3] = {kBK, kBN, 4};
-  if (!encode(&tm_x, p.x, 2, x_dims, x_strides, x_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
-      !encode(&tm_p, p.planes, 3, p_dims, p_strides, p_box, CU_TENSOR_MAP_SWIZZLE_64B))
+  const cuuint64_t p_strides[2] = {static_cast<cuuint64_t>(kE * p.c), static_cast<cuuint64_t>(kE * p.c * p.d)};
+  const cuuint32_t p_box[3] = {kBK<T>, kBN, 4};
+  if (!encode(&tm_x, p.x, kE, 2, x_dims, x_strides, x_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode(&tm_p, p.planes, kE, 3, p_dims, p_strides, p_box, CU_TENSOR_MAP_SWIZZLE_64B))
     return cudaSuccess;  // no encoder (old driver) or a shape it rejects: the portable kernel runs
 
   Sm90Params kp;
@@ -325,7 +383,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.y = p.y;
   kp.M = p.M;
   kp.d = static_cast<int>(p.d);
-  kp.k_tiles = static_cast<int>((p.c + kBK - 1) / kBK);
+  kp.k_tiles = static_cast<int>((p.c + kBK<T> - 1) / kBK<T>);
   kp.num_m = static_cast<int>(num_m);
   kp.num_n = static_cast<int>(num_n);
   auto kernel = eq_linear_fwd_sm90_kernel<T>;
@@ -350,6 +408,10 @@ cudaError_t eq_linear_fwd_sm90_fp16(const FwdParams& p, cudaStream_t stream, boo
 
 cudaError_t eq_linear_fwd_sm90_bf16(const FwdParams& p, cudaStream_t stream, bool* launched) {
   return fwd_sm90<__nv_bfloat16>(p, stream, launched);
+}
+
+cudaError_t eq_linear_fwd_sm90_tf32(const FwdParams& p, cudaStream_t stream, bool* launched) {
+  return fwd_sm90<float>(p, stream, launched);
 }
 
 }  // namespace flash_eqlinear

@@ -1,5 +1,6 @@
-// Hopper (sm_90a) fp16 / bf16 forward: entry points used by the portable launcher
-// (eq_linear_fwd_mma.cu), which tries them first. Layouts and math: eq_linear_fwd.h.
+// Hopper (sm_90a) forward: fp16 / bf16 entry points used by the portable launcher
+// (eq_linear_fwd_mma.cu), which tries them first; the TF32 one, tried by the bindings when PyTorch
+// allows TF32. Layouts and math: eq_linear_fwd.h.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,5 +18,8 @@ bool sm90_path_enabled();
 // query failed).
 cudaError_t eq_linear_fwd_sm90_fp16(const FwdParams& p, cudaStream_t stream, bool* launched);
 cudaError_t eq_linear_fwd_sm90_bf16(const FwdParams& p, cudaStream_t stream, bool* launched);
+// FP32 tensors on TF32 tensor cores (the caller decides that TF32 is allowed): float x / planes / bias
+// / y, c % 4 == 0, bias 8-byte aligned; otherwise as above.
+cudaError_t eq_linear_fwd_sm90_tf32(const FwdParams& p, cudaStream_t stream, bool* launched);
 
 }  // namespace flash_eqlinear

@@ -1,4 +1,4 @@
-// Hopper (sm_90a) PTX helpers: wgmma.mma_async m64n64k16 with A from registers and B from shared
+// Hopper (sm_90a) PTX helpers: wgmma.mma_async m64n64 (k16 fp16 / bf16, k8 TF32) with A from registers and B from shared
 // memory (K-major), its fence / commit / wait wrappers, mbarriers and TMA (bulk tensor) loads.
 //
 // Register A (per warp of the warpgroup: rows 16 w .. 16 w + 15) has exactly the mma.sync m16n8k16
@@ -86,9 +86,12 @@ __device__ __forceinline__ void reg_fence(float (&d)[8][4]) {
       "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),    \
       "+f"(d[7][2]), "+f"(d[7][3])
 
-// d (64 x 64 per warpgroup, FP32) += kScaleA * A (64 x 16, registers) * B (16 x 64, descriptor).
+// d (64 x 64 per warpgroup, FP32) += kScaleA * A (registers) * B (descriptor), one k step of 32 bytes
+// per row: k16 for fp16 / bf16, k8 for float (TF32: the tensor cores read the top 19 bits; A is
+// rounded to TF32 by the caller). The TF32 A fragment (a0..a3 = rows r, r + 8 at k = t, then at
+// k = t + 4) has the 16-bit one's (row, 16-byte k chunk) structure, so callers build both alike.
 template <class T, int kScaleA>
-__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
+__device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
   static_assert(kScaleA == 1 || kScaleA == -1, "imm-scale-a is +1 or -1");
 #ifdef FLASH_EQLINEAR_WGMMA
   if constexpr (std::is_same_v<T, __half>) {
@@ -97,10 +100,17 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[8][4], const uint3
                  ", {%32, %33, %34, %35}, %36, p, %38, 1, 0;\n}\n"
                  : FLASH_EQLINEAR_WGMMA_D_OPS(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(kScaleA));
-  } else {
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FLASH_EQLINEAR_WGMMA_D
                  ", {%32, %33, %34, %35}, %36, p, %38, 1, 0;\n}\n"
+                 : FLASH_EQLINEAR_WGMMA_D_OPS(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(kScaleA));
+  } else {
+    static_assert(std::is_same_v<T, float>, "fp16, bf16 or float (TF32)");
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 " FLASH_EQLINEAR_WGMMA_D
+                 ", {%32, %33, %34, %35}, %36, p, %38, 1;\n}\n"
                  : FLASH_EQLINEAR_WGMMA_D_OPS(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(kScaleA));
   }
@@ -109,7 +119,6 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[8][4], const uint3
   __trap();
 #endif
 }
-
 #undef FLASH_EQLINEAR_WGMMA_D
 #undef FLASH_EQLINEAR_WGMMA_D_OPS
 

@@ -315,15 +315,21 @@ def allow_tf32():
     torch.backends.cuda.matmul.allow_tf32 = prev
 
 
+@pytest.mark.parametrize("sm90", [True, False], ids=["sm90", "dft-cublas"])
 @pytest.mark.parametrize("mode", ["fused", "gemm"])
-@pytest.mark.parametrize("M, c, d", [(257, 59, 48), (7, 3, 1), (4097, 64, 200), (300, 1025, 16)])
-def test_tf32_path(M, c, d, mode, allow_tf32, monkeypatch):
+@pytest.mark.parametrize(
+    "M, c, d", [(257, 59, 48), (7, 3, 1), (4097, 64, 200), (300, 1025, 16), (1000, 36, 50), (20000, 64, 130)]
+)
+def test_tf32_path(M, c, d, mode, sm90, allow_tf32, monkeypatch):
     # FP32 with TF32 allowed (PyTorch's switch, which F.linear follows too): the forward and grad_x on
-    # tensor cores (group DFT + cuBLAS TF32 GEMMs + inverse DFT), the weight gradient by `mode`.
-    # Each output within 2x of F.linear's own TF32 error, or of TF32's unit roundoff 2^-11.
+    # tensor cores (the fused Hopper kernel where it applies: c % 4 == 0, d even; else group DFT +
+    # cuBLAS TF32 GEMMs + inverse DFT), the weight gradient by `mode`. Each output within 2x of
+    # F.linear's own TF32 error, or of TF32's unit roundoff 2^-11.
     from flash_eqlinear import ops
 
     monkeypatch.setattr(ops, "WEIGHT_GRAD", mode)
+    if not sm90:
+        monkeypatch.setenv("FLASH_EQLINEAR_SM90", "0")
     x, planes, b = make(M, c, d, torch.float32, seed=M + c)
     g = torch.randn(M, 4 * d, device=DEV)
     leaves = [t.detach().clone().requires_grad_() for t in (x, planes, b)]
