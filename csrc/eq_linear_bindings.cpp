@@ -35,7 +35,8 @@ void check_device_supported(const at::Tensor& t) {
 }
 
 // FP32 forward on tensor cores when PyTorch allows TF32 for matmuls (the switch F.linear follows) and
-// the fused Hopper kernel does not apply (other GPUs, FLASH_EQLINEAR_SM90=0, shapes): the group DFT of x into column blocks [f0 | f2 | fR | fI] of one (M, 4c) buffer, three TF32 GEMMs
+// the fused Hopper kernel does not apply (other GPUs, FLASH_EQLINEAR_SM90=0, shapes) or is slower
+// (large layers): the group DFT of x into column blocks [f0 | f2 | fR | fI] of one (M, 4c) buffer, three TF32 GEMMs
 // (cuBLAS) into the column blocks [a0 | a2 | aR | aI] of one (M, 4d) buffer, the complex pair as one
 // GEMM with K = 2c: [aR | aI] = [fR | fI] [[PR, -PI], [PI, PR]]^T; then the inverse DFT + bias pass.
 // Two extra passes over x-sized and y-sized FP32 buffers (a workspace of 4 M (c + d) floats) buy
@@ -99,11 +100,15 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
   at::Tensor y = at::empty({M, 4 * d}, x.options());
   FwdParams p{xc.data_ptr(), pc.data_ptr(), b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), M, c, d};
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  cudaError_t err;
+  cudaError_t err = cudaSuccess;
   if (dtype == at::kFloat && at::globalContext().allowTF32CuBLAS()) {
-    // TF32 allowed: the fused Hopper kernel where it applies, else the DFT + cuBLAS form.
+    // TF32 allowed: the fused Hopper kernel where it applies and wins, else the DFT + cuBLAS form.
+    // H100, M = 32768, c = d: fused 0.073 / 0.54 / 1.95 / 7.44 ms at c = 128 / 512 / 1024 / 2048,
+    // DFT + cuBLAS 0.17 / 0.74 / 1.91 / 6.17 ms (cuBLAS's TF32 GEMMs outrun the fused kernel's
+    // m64n64 wgmma once the two extra passes are small next to the GEMMs).
+    constexpr int64_t kFusedTf32MaxCD = 1 << 19;
     bool launched = false;
-    err = eq_linear_fwd_sm90_tf32(p, stream, &launched);
+    if (c * d < kFusedTf32MaxCD) err = eq_linear_fwd_sm90_tf32(p, stream, &launched);
     TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: TF32 kernel launch failed (M=", num(M), ", c=", num(c),
                 ", d=", num(d), "): ", cudaGetErrorString(err));
     if (!launched) eq_linear_fwd_tf32(xc, pc, b, y);
