@@ -10,7 +10,8 @@ NaiveEQLinear; flash: FlashEQLinear) it records:
   that for FlashEQLinear with T = 4 (the group transforms' additions are not counted). Both the
   executed count and the dense-equivalent count are stored;
 * inference latency (median of CUDA-event timed forwards after warm-up) and throughput, batch
-  128 at 224x224, in FP32 (TF32 off) and FP16 (the model cast to half), under inference_mode;
+  128 at 224x224, in FP32 (TF32 off), optionally FP32 with TF32 allowed (--dtypes tf32) and FP16
+  (the model cast to half), under inference_mode;
 * the time spent in all linear layers and its share of the forward: a second timed pass with CUDA
   events recorded by forward pre/post hooks around every linear layer (also per layer name:
   qkv, proj, fc1, fc2, reduction, head);
@@ -56,7 +57,8 @@ from common import git_commit  # noqa: E402
 import flash_eqlinear as fe  # noqa: E402
 from flash_eqlinear.models import MODELS, SCALES, VARIANTS, is_linear_layer  # noqa: E402
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+# "tf32": the FP32 model with TF32 allowed for matmuls and convolutions (what many FP32 users run)
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16}
 # Fraction of the dense multiply-adds a FlashEQLinear performs, by group size (6/16 for p4).
 FLASH_MAC_FRACTION = {4: 6 / 16}
 # Tiny configs for --dry-run (CPU): same code paths, seconds instead of minutes.
@@ -268,6 +270,7 @@ def bench_inference(kind, scale, variant, args, device) -> dict:
     for dname in args.dtypes:
         dt = DTYPES[dname]
         model.to(dt)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = dname == "tf32"
         try:
             x = torch.randn(args.batch, 3, S, S, device=device, dtype=dt)
             with torch.inference_mode():
@@ -285,6 +288,7 @@ def bench_inference(kind, scale, variant, args, device) -> dict:
             rec[dname] = {"error": f"out of memory: {str(e).splitlines()[0]}"}
         finally:
             x = None
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
             free(device)
     model = None
     free(device)
@@ -454,7 +458,7 @@ def parse_args(argv=None):
     ap.add_argument("--models", default="vit,swin", help="comma list of: vit, swin")
     ap.add_argument("--scales", default=",".join(SCALES), help="comma list of: T, S, B, L, H")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list of: plain, naive, flash")
-    ap.add_argument("--dtypes", default="fp32,fp16", help="inference dtypes: fp32, fp16")
+    ap.add_argument("--dtypes", default="fp32,fp16", help="inference dtypes: fp32, tf32, fp16")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--img", type=int, default=224)
     ap.add_argument("--num-classes", type=int, default=1000)
@@ -509,7 +513,7 @@ def plot(payload: dict, path: Path) -> Path | None:
         return None
     recs = [r for r in payload["inference"] if "error" not in r]
     names = list(dict.fromkeys(f"{r['model']}-{r['scale']}" for r in recs))
-    dtypes = [dt for dt in ("fp32", "fp16") if any(dt in r for r in recs)]
+    dtypes = [dt for dt in DTYPES if any(dt in r for r in recs)]
     if not names or not dtypes:
         return None
     fig, axes = plt.subplots(1, len(dtypes), figsize=(1.2 * len(names) + 3, 4), squeeze=False)
