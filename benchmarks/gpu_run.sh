@@ -33,21 +33,21 @@ if has sanitize; then
 fi
 if has bench; then
   python3 benchmarks/bench_op.py >"$OUT/bench.log" 2>&1; summary+=("bench rc=$?")
-  cp $res "$OUT/" 2>/dev/null
   tail -30 "$OUT/bench.log"
 fi
 if has bench-bwd; then
   python3 benchmarks/bench_op.py --direction bwd >"$OUT/bench_bwd.log" 2>&1; summary+=("bench-bwd rc=$?")
-  cp $res "$OUT/" 2>/dev/null
   grep "c=" "$OUT/bench_bwd.log"
 fi
 if has net; then  # the ViT part of the network benchmark (the Swin results do not depend on fp16 kernels)
-  python3 benchmarks/bench_network.py --models vit --scales B,L,H >"$OUT/net.log" 2>&1; summary+=("net rc=$?")
-  cp $res "$OUT/" 2>/dev/null
+  python3 benchmarks/bench_network.py --models vit --scales B,L,H --dtypes fp32,tf32,fp16 >"$OUT/net.log" 2>&1
+  summary+=("net rc=$?")
   tail -25 "$OUT/net.log"
 fi
 if has bench-quick; then
   python3 benchmarks/bench_op.py --cs 64,512,2048 --prec-rows 1024 --out quick.json >"$OUT/bench.log" 2>&1
-  summary+=("bench-quick rc=$?"); cp benchmarks/results/quick.* "$OUT/" 2>/dev/null; tail -14 "$OUT/bench.log"
+  summary+=("bench-quick rc=$?"); res="$res benchmarks/results/quick.*"; tail -14 "$OUT/bench.log"
 fi
+# One archive: $OUT brings back a limited number of files.
+tar czf "$OUT/results.tgz" $res 2>/dev/null
 printf '%s\n' "${summary[@]}"
