@@ -11,7 +11,6 @@
 #include "eq_linear_bwd_weight.h"
 #include "eq_linear_fwd.h"
 #include "eq_linear_fwd_sm90.h"
-#include "eq_linear_fwd_small.h"
 
 namespace flash_eqlinear {
 namespace {
@@ -102,17 +101,13 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
   FwdParams p{xc.data_ptr(), pc.data_ptr(), b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), M, c, d};
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   cudaError_t err = cudaSuccess;
-  bool launched = false;  // narrow layers first: one thread per row (exact FP32 for float)
-  err = eq_linear_fwd_small(p, static_cast<int>(x.element_size()), dtype == at::kBFloat16, stream, &launched);
-  TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: kernel launch failed (M=", num(M), ", c=", num(c), ", d=", num(d),
-              "): ", cudaGetErrorString(err));
-  if (launched) return y;
   if (dtype == at::kFloat && at::globalContext().allowTF32CuBLAS()) {
     // TF32 allowed: the fused Hopper kernel where it applies and wins, else the DFT + cuBLAS form.
     // H100, M = 32768, c = d: fused 0.073 / 0.54 / 1.95 / 7.44 ms at c = 128 / 512 / 1024 / 2048,
     // DFT + cuBLAS 0.17 / 0.74 / 1.91 / 6.17 ms (cuBLAS's TF32 GEMMs outrun the fused kernel's
     // m64n64 wgmma once the two extra passes are small next to the GEMMs).
     constexpr int64_t kFusedTf32MaxCD = 1 << 19;
+    bool launched = false;
     if (c * d < kFusedTf32MaxCD) err = eq_linear_fwd_sm90_tf32(p, stream, &launched);
     TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: TF32 kernel launch failed (M=", num(M), ", c=", num(c),
                 ", d=", num(d), "): ", cudaGetErrorString(err));

@@ -87,35 +87,14 @@ SM90_SHAPES = [
 @pytest.mark.parametrize("M, c, d", SM90_SHAPES)
 def test_forward_each_path(M, c, d, dtype, path, monkeypatch):
     # FLASH_EQLINEAR_SM90=0 forces the portable mma.sync kernel where the sm_90a one would run
-    # (elsewhere both settings run the portable kernel); FLASH_EQLINEAR_SMALL=0 keeps narrow shapes
-    # on these tile kernels. Each path: fp64 criterion, bitwise repeatable.
+    # (elsewhere both settings run the portable kernel). Each path: fp64 criterion, bitwise repeatable.
     monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1" if path == "sm90" else "0")
-    monkeypatch.setenv("FLASH_EQLINEAR_SMALL", "0")
     x, planes, b = make(M, c, d, dtype, seed=M + 3 * c + 7 * d)
     op = torch.ops.flash_eqlinear.eq_linear_fwd
     y = op(x, planes, b)
     check_against_linear(y, x, planes, b)
     assert torch.equal(op(x, planes, b), y)
     x = (x.float() / x.float().abs().max() * 3e4).to(dtype)  # fp16: the halved prologue keeps this finite
-    check_against_linear(op(x, planes, None), x, planes, None)
-
-
-@pytest.mark.parametrize("small", [True, False], ids=["small", "tiles"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("M", [1, 7, 4097])
-@pytest.mark.parametrize("c, d", [(1, 1), (3, 59), (8, 64), (16, 16), (16, 65), (32, 32), (33, 3), (5, 200)])
-def test_forward_narrow_layers(M, c, d, dtype, small, monkeypatch):
-    # Narrow layers (c <= 32 float / 16 fp16 and bf16, d <= 64) take the one-thread-per-row kernel;
-    # FLASH_EQLINEAR_SMALL=0 sends them to the tile kernels. Both: fp64 criterion, bitwise repeatable,
-    # and fp16 inputs up to 3e4 stay finite.
-    if not small:
-        monkeypatch.setenv("FLASH_EQLINEAR_SMALL", "0")
-    x, planes, b = make(M, c, d, dtype, seed=M + 5 * c + 11 * d)
-    op = torch.ops.flash_eqlinear.eq_linear_fwd
-    y = op(x, planes, b)
-    check_against_linear(y, x, planes, b)
-    assert torch.equal(op(x, planes, b), y)
-    x = (x.float() / x.float().abs().max() * 3e4).to(dtype)
     check_against_linear(op(x, planes, None), x, planes, None)
 
 
