@@ -29,8 +29,20 @@ from common import bench, environment, measure_ceilings, n_buffers, save_json  #
 import flash_eqlinear as fe  # noqa: E402
 from flash_eqlinear import reference  # noqa: E402
 
-# "tf32": float32 tensors with torch.backends.cuda.matmul.allow_tf32 on (F.linear and ours both use TF32)
-DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# "tf32": float32 tensors with torch.backends.cuda.matmul.allow_tf32 on (F.linear and ours both use TF32);
+# "3xtf32": float32, TF32 off, ours with FLASH_EQLINEAR_FP32=3xtf32 (F.linear exact FP32)
+DTYPES = {
+    "fp32": torch.float32,
+    "tf32": torch.float32,
+    "3xtf32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+}
+
+
+def peak_tflops(ceilings: dict, dtype_name: str) -> float:
+    """The tensor rate a dtype's floor is computed from (3xTF32: three TF32 passes)."""
+    return ceilings["tf32_tflops"] / 3 if dtype_name == "3xtf32" else ceilings[f"{dtype_name}_tflops"]
 CS = [16, 32, 64, 128, 256, 512, 1024, 2048]
 
 
@@ -98,7 +110,7 @@ def run_case(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int) ->
     row = {"dtype": dtype_name, "c": c, "C": C, "D": D, "M": M, "buffers": nb}
     dense_flops = 2 * M * C * D
     our_flops = dense_flops * 6 / 16
-    peak = ceilings[f"{dtype_name}_tflops"]
+    peak = peak_tflops(ceilings, dtype_name)
     bytes_moved = (M * C + M * D + 4 * c * c + c) * elt
     row["floor_compute_ms"] = our_flops / (peak * 1e9)
     row["floor_memory_ms"] = bytes_moved / (ceilings["copy_tbps"] * 1e9)
@@ -148,7 +160,7 @@ def run_case_bwd(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int
     row = {"dtype": dtype_name, "c": c, "C": C, "D": D, "M": M, "buffers": nb, "direction": "bwd"}
     dense_flops = 4 * M * C * D  # grad input + grad weight
     our_flops = dense_flops * 6 / 16
-    peak = ceilings[f"{dtype_name}_tflops"]
+    peak = peak_tflops(ceilings, dtype_name)
     row["floor_compute_ms"] = our_flops / (peak * 1e9)
     row["floor_memory_ms"] = (3 * M * C + 8 * c * c) * elt / (ceilings["copy_tbps"] * 1e9)
     row["floor_ms"] = max(row["floor_compute_ms"], row["floor_memory_ms"])
@@ -231,6 +243,10 @@ def main(argv=None) -> int:
     rows = []
     for dn in args.dtypes.split(","):
         torch.backends.cuda.matmul.allow_tf32 = dn == "tf32"
+        if dn == "3xtf32":
+            os.environ["FLASH_EQLINEAR_FP32"] = "3xtf32"
+        else:
+            os.environ.pop("FLASH_EQLINEAR_FP32", None)
         for c in map(int, args.cs.split(",")):
             case = run_case if args.direction == "fwd" else run_case_bwd
             r = case(dn, c, M, ceilings, args.prec_rows)

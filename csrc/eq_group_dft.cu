@@ -168,7 +168,44 @@ __global__ void __launch_bounds__(256) group_idft_kernel(GroupIdftParams p) {
   }
 }
 
+__device__ __forceinline__ float tf32_hi(float f) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(f));
+  return __uint_as_float(r);
+}
+
+// One thread per (row, channel): the block offsets of eq_group_dft_split_fp32's layout.
+__global__ void __launch_bounds__(256) group_dft_split_kernel(const float4* __restrict__ x, float* __restrict__ dst,
+                                                              int64_t M, int64_t c) {
+  const int64_t total = M * c, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
+    const int64_t m = e / c, ci = e - m * c;
+    const float4 q = x[e];
+    const float s02 = q.x + q.z, s13 = q.y + q.w;
+    const float f[4] = {s02 + s13, s02 - s13, q.x - q.z, q.w - q.y};  // f0, f2, fR, fI
+    constexpr int kHi[4] = {0, 2, 4, 5}, kLo[4] = {1, 3, 6, 7};
+    float* row = dst + m * 8 * c + ci;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float hi = tf32_hi(f[j]);
+      row[kHi[j] * c] = hi;
+      row[kLo[j] * c] = f[j] - hi;
+    }
+  }
+}
+
 }  // namespace
+
+cudaError_t eq_group_dft_split_fp32(const float* x, float* dst, int64_t M, int64_t c, cudaStream_t stream) {
+  if (M < 0 || c < 1) return cudaErrorInvalidValue;
+  if (M == 0) return cudaSuccess;
+  if (x == nullptr || dst == nullptr || reinterpret_cast<uintptr_t>(x) % 16 != 0) return cudaErrorInvalidValue;
+  int sms = 0;
+  if (const cudaError_t e = sm_count(&sms); e != cudaSuccess) return e;
+  const int64_t blocks = split::imin(split::cdiv(M * c, 256), int64_t(sms) * 16);
+  group_dft_split_kernel<<<unsigned(blocks), 256, 0, stream>>>(reinterpret_cast<const float4*>(x), dst, M, c);
+  return cudaGetLastError();
+}
 
 cudaError_t eq_group_idft_fp32(const GroupIdftParams& p, cudaStream_t stream) {
   if (p.M < 0 || p.d < 1 || p.lda < 4 * p.d) return cudaErrorInvalidValue;

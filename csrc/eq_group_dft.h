@@ -41,6 +41,13 @@ int64_t eq_group_dft_sum_chunks(const GroupDftParams& p, int elem_bytes);
 // cudaErrorInvalidValue for bad sizes or pointers, or `sums` with fewer than the needed chunks.
 cudaError_t eq_group_dft(const GroupDftParams& p, int elem_bytes, bool bf16, cudaStream_t stream);
 
+// Group DFT of FP32 x, split for 3xTF32 GEMMs: f = hi + lo with hi = f rounded to TF32 (to nearest)
+// and lo = f - hi (exact), written per row as the column blocks (each c wide)
+//   [f0 hi | f0 lo | f2 hi | f2 lo | fR hi | fI hi | fR lo | fI lo]   -> dst (M, 8c)
+// so that [f hi | f lo] of each real plane and [fR fI hi | fR fI lo] are contiguous K ranges.
+// x (M, c, 4) must be 16-byte aligned.
+cudaError_t eq_group_dft_split_fp32(const float* x, float* dst, int64_t M, int64_t c, cudaStream_t stream);
+
 // Inverse group DFT + bias, FP32 (the epilogue of the TF32 forward, flash_eqlinear bindings):
 //   a (M, 4d) column blocks [a0 | a2 | aR | aI] (row stride lda >= 4d), bias (d,) or nullptr ->
 //   y (M, d, 4) contiguous with y0 = a0/2 + a2/2 + h aR, y1 = a0/2 - a2/2 - h aI,

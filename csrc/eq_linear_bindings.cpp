@@ -2,6 +2,9 @@
 // torch.compile traces them and autograd/fake implementations can be attached from Python.
 #include <Python.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -64,6 +67,59 @@ void eq_linear_fwd_tf32(const at::Tensor& x, const at::Tensor& planes, const at:
   TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd (tf32): inverse DFT failed: ", cudaGetErrorString(err));
 }
 
+// Opt-in split-precision FP32 (FLASH_EQLINEAR_FP32=3xtf32): x's Fourier planes and the weight planes
+// split into TF32 hi + lo parts, each product as hi*hi + lo*hi + hi*lo on TF32 tensor cores (the
+// lo*lo term, ~2^-22 relative, dropped): two GEMMs per product, the first over K = [hi | lo] of x
+// against [hi | hi] of the planes, the second (accumulating) hi of x against lo of the planes.
+// Then the inverse DFT + bias pass. Used for c * d >= kSplitMinCD, where it beats the exact SIMT
+// kernel; smaller layers stay exact (which is at least as accurate).
+constexpr int64_t kSplitMinCD = 1 << 18;
+
+bool split_tf32_requested() {
+  const char* v = std::getenv("FLASH_EQLINEAR_FP32");
+  return v != nullptr && std::strcmp(v, "3xtf32") == 0;
+}
+
+// TF32 on for the GEMMs of the split product, whatever the user's setting (restored on exit).
+struct Tf32Scope {
+  bool prev = at::globalContext().allowTF32CuBLAS();
+  Tf32Scope() { at::globalContext().setAllowTF32CuBLAS(true); }
+  ~Tf32Scope() { at::globalContext().setAllowTF32CuBLAS(prev); }
+};
+
+void eq_linear_fwd_3xtf32(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y) {
+  const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const at::Tensor xs = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 ? x : x.clone();
+  at::Tensor xf = at::empty({M, 8 * c}, x.options());  // [f0 h|f0 l|f2 h|f2 l|fR h|fI h|fR l|fI l]
+  cudaError_t err = eq_group_dft_split_fp32(xs.data_ptr<float>(), xf.data_ptr<float>(), M, c, stream);
+  TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd (3xtf32): group DFT failed: ", cudaGetErrorString(err));
+  // Planes: hi = rounded to TF32 (to nearest, ties away: +0x1000 then clear the 13 low bits), lo = rest.
+  const at::Tensor hi = at::bitwise_and(planes.view(at::kInt) + 0x1000, -8192).view(at::kFloat);
+  const at::Tensor lo = planes - hi;
+  const auto cplx = [](const at::Tensor& p) {  // [[PR, -PI], [PI, PR]] (2d, 2c)
+    return at::cat({at::cat({p.select(0, 1), p.select(0, 2).neg()}, 1), at::cat({p.select(0, 2), p.select(0, 1)}, 1)});
+  };
+  at::Tensor a = at::empty({M, 4 * d}, x.options());
+  {
+    const Tf32Scope tf32;
+    // (output column, width, x column of [hi | lo], K, hi and lo of the planes' matrix)
+    const auto product = [&](int64_t col, int64_t n, int64_t fcol, int64_t k, const at::Tensor& wh,
+                             const at::Tensor& wl) {
+      at::Tensor out = a.narrow(1, col, n);
+      at::mm_out(out, xf.narrow(1, fcol, 2 * k), at::cat({wh, wh}, 1).t());
+      out.addmm_(xf.narrow(1, fcol, k), wl.t());
+    };
+    product(0, d, 0, c, hi.select(0, 0), lo.select(0, 0));
+    product(d, d, 2 * c, c, hi.select(0, 3), lo.select(0, 3));
+    product(2 * d, 2 * d, 4 * c, 2 * c, cplx(hi), cplx(lo));
+  }
+  GroupIdftParams ip{a.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(),
+                     M, d, 4 * d};
+  err = eq_group_idft_fp32(ip, stream);
+  TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd (3xtf32): inverse DFT failed: ", cudaGetErrorString(err));
+}
+
 // x (M, 4c), planes (4, d, c), bias (d,) or None -> y (M, 4d); all one dtype, on one CUDA device.
 at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
                          const std::optional<at::Tensor>& bias) {
@@ -101,6 +157,10 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
   FwdParams p{xc.data_ptr(), pc.data_ptr(), b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), M, c, d};
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   cudaError_t err = cudaSuccess;
+  if (dtype == at::kFloat && c * d >= kSplitMinCD && split_tf32_requested()) {
+    eq_linear_fwd_3xtf32(xc, pc, b, y);
+    return y;
+  }
   if (dtype == at::kFloat && at::globalContext().allowTF32CuBLAS()) {
     // TF32 allowed: the fused Hopper kernel where it applies and wins, else the DFT + cuBLAS form.
     // H100, M = 32768, c = d: fused 0.073 / 0.54 / 1.95 / 7.44 ms at c = 128 / 512 / 1024 / 2048,

@@ -357,6 +357,26 @@ def test_tf32_path(M, c, d, mode, sm90, allow_tf32, monkeypatch):
         assert got.dtype == torch.float32 and err <= tol, (i, err, tol)
 
 
+@pytest.mark.parametrize("M, c, d", [(300, 512, 512), (129, 1025, 260), (2049, 256, 1024)])
+def test_split_tf32_mode(M, c, d, monkeypatch):
+    # FLASH_EQLINEAR_FP32=3xtf32: layers with c * d >= 2^18 run hi/lo-split TF32 GEMMs; the error
+    # stays within 2x of the exact FP32 kernel's (both against float64), the result is repeatable,
+    # PyTorch's TF32 setting is left as it was, and smaller layers keep the exact kernel.
+    op = torch.ops.flash_eqlinear.eq_linear_fwd
+    x, planes, b = make(M, c, d, torch.float32, seed=M + c + d)
+    xs, ps, bs = make(64, 16, 16, torch.float32)
+    exact, exact_small = op(x, planes, b), op(xs, ps, bs)
+    monkeypatch.setenv("FLASH_EQLINEAR_FP32", "3xtf32")
+    y = op(x, planes, b)
+    ref, _ = fp64_reference(x, planes, b)
+    err, err_exact = rel_l2(y, ref), rel_l2(exact, ref)
+    assert not torch.equal(y, exact)  # the split path ran
+    assert err <= 2 * err_exact, (err, err_exact)
+    assert torch.equal(op(x, planes, b), y)
+    assert torch.backends.cuda.matmul.allow_tf32 is False
+    assert torch.equal(op(xs, ps, bs), exact_small)
+
+
 def test_main_entry_point_on_gpu():
     import subprocess
     import sys
