@@ -43,6 +43,8 @@ DTYPES = {
 def peak_tflops(ceilings: dict, dtype_name: str) -> float:
     """The tensor rate a dtype's floor is computed from (3xTF32: three TF32 passes)."""
     return ceilings["tf32_tflops"] / 3 if dtype_name == "3xtf32" else ceilings[f"{dtype_name}_tflops"]
+
+
 CS = [16, 32, 64, 128, 256, 512, 1024, 2048]
 
 
