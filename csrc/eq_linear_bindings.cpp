@@ -72,7 +72,9 @@ void eq_linear_fwd_tf32(const at::Tensor& x, const at::Tensor& planes, const at:
 // lo*lo term, ~2^-22 relative, dropped): two GEMMs per product, the first over K = [hi | lo] of x
 // against [hi | hi] of the planes, the second (accumulating) hi of x against lo of the planes.
 // Then the inverse DFT + bias pass. Used for c * d >= kSplitMinCD, where it beats the exact SIMT
-// kernel; smaller layers stay exact (which is at least as accurate).
+// kernel; smaller layers stay exact. Measured on an H100 (c = d = 512 .. 2048): 3.5-5.4x F.linear
+// FP32, relative error 5e-6 .. 2e-5, 6-12x the exact kernel's (it grows with K: the tensor cores'
+// FP32 accumulation), against TF32's ~3e-4.
 constexpr int64_t kSplitMinCD = 1 << 18;
 
 bool split_tf32_requested() {
