@@ -39,9 +39,10 @@ void check_device_supported(const at::Tensor& t) {
 
 // FP32 forward on tensor cores when PyTorch allows TF32 for matmuls (the switch F.linear follows) and
 // the fused Hopper kernel does not apply (other GPUs, FLASH_EQLINEAR_SM90=0, shapes) or is slower
-// (large layers): the group DFT of x into column blocks [f0 | f2 | fR | fI] of one (M, 4c) buffer, three TF32 GEMMs
-// (cuBLAS) into the column blocks [a0 | a2 | aR | aI] of one (M, 4d) buffer, the complex pair as one
-// GEMM with K = 2c: [aR | aI] = [fR | fI] [[PR, -PI], [PI, PR]]^T; then the inverse DFT + bias pass.
+// (large layers): the group DFT of x into column blocks [f0 | f2 | fR | fI] of one (M, 4c) buffer,
+// three TF32 GEMMs (cuBLAS) into the column blocks [a0 | a2 | aR | aI] of one (M, 4d) buffer, the
+// complex pair as one GEMM with K = 2c: [aR | aI] = [fR | fI] [[PR, -PI], [PI, PR]]^T; then the
+// inverse DFT + bias pass.
 // Two extra passes over x-sized and y-sized FP32 buffers (a workspace of 4 M (c + d) floats) buy
 // cuBLAS's TF32 rate for the 6/16 of the dense MACs.
 void eq_linear_fwd_tf32(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y) {
