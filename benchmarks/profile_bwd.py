@@ -96,7 +96,6 @@ def cpu_overhead(dt) -> None:
         "F.linear bwd": lambda: torch.autograd.grad(y_lin, (x, W, B), gy, retain_graph=True),
         "flash bwd": lambda: torch.autograd.grad(y, (x, planes, bias), gy, retain_graph=True),
         "flash fwd": lambda: fe.flash_eq_linear(x.detach(), planes.detach(), bias.detach()),
-        "adjoint": lambda: reference.adjoint_planes(planes.detach()).contiguous(),
         "gx op": lambda: eqf.eq_linear_fwd(gy, planes.detach(), None),
         "gw gemm form": lambda: eqf.eq_linear_bwd(gy, x.detach(), planes.detach(), False, True, True, True),
         "whole bwd op": lambda: eqf.eq_linear_bwd(gy, x.detach(), planes.detach(), True, True, True, True),
