@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build, GPU tests, compute-sanitizer, benchmarks on a CUDA machine; full logs under $OUT
 # (default /tmp/out), a short summary last.
-# Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-bwd] [net] [bench-quick]
+# Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-bwd] [net] [bench-quick] [narrow]
 # (default: build test sanitize bench)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -47,6 +47,9 @@ fi
 if has bench-quick; then
   python3 benchmarks/bench_op.py --cs 64,512,2048 --prec-rows 1024 --out quick.json >"$OUT/bench.log" 2>&1
   summary+=("bench-quick rc=$?"); res="$res benchmarks/results/quick.*"; tail -14 "$OUT/bench.log"
+fi
+if has narrow; then
+  python3 benchmarks/bench_narrow.py >"$OUT/narrow.log" 2>&1; summary+=("narrow rc=$?"); grep "^|" "$OUT/narrow.log"
 fi
 # One archive: $OUT brings back a limited number of files.
 tar czf "$OUT/results.tgz" $res 2>/dev/null

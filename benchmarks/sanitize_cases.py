@@ -11,6 +11,7 @@ from flash_eqlinear import reference
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 SHAPES = [(1, 1, 1), (7, 3, 59), (129, 59, 200), (300, 64, 64), (257, 200, 48), (64, 1025, 16)]
 SHAPES += [(17925, 16, 16)]  # more tiles than SMs: persistent blocks walk several
+SHAPES += [(257, 20, 31), (1000, 32, 32), (4097, 16, 8)]  # the narrow kernel's other tiles
 DIRECTIONS = sys.argv[1:] or ["fwd", "bwd"]  # which ops to exercise
 for dtype in (torch.float32, torch.float16, torch.bfloat16) if "fwd" in DIRECTIONS else ():
     for M, c, d in SHAPES:

@@ -13,6 +13,7 @@
 #include "eq_group_dft.h"
 #include "eq_linear_bwd_weight.h"
 #include "eq_linear_fwd.h"
+#include "eq_linear_fwd_narrow.h"
 #include "eq_linear_fwd_sm90.h"
 
 namespace flash_eqlinear {
@@ -160,6 +161,15 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
   FwdParams p{xc.data_ptr(), pc.data_ptr(), b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), M, c, d};
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   cudaError_t err = cudaSuccess;
+  const int elem = static_cast<int>(x.element_size());
+  if (eq_linear_fwd_narrow_applies(c, d, elem)) {
+    // Narrow layers (c, d <= 32): one streaming pass in exact FP32 arithmetic, for every dtype and
+    // whatever the TF32 switch (it beats the tensor-core kernels there and is more exact).
+    err = eq_linear_fwd_narrow(p, elem, dtype == at::kBFloat16, stream);
+    TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: narrow kernel launch failed (M=", num(M), ", c=", num(c),
+                ", d=", num(d), "): ", cudaGetErrorString(err));
+    return y;
+  }
   if (dtype == at::kFloat && c * d >= kSplitMinCD && split_tf32_requested()) {
     eq_linear_fwd_3xtf32(xc, pc, b, y);
     return y;

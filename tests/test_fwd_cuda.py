@@ -89,6 +89,7 @@ def test_forward_each_path(M, c, d, dtype, path, monkeypatch):
     # FLASH_EQLINEAR_SM90=0 forces the portable mma.sync kernel where the sm_90a one would run
     # (elsewhere both settings run the portable kernel). Each path: fp64 criterion, bitwise repeatable.
     monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1" if path == "sm90" else "0")
+    monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")  # small shapes would take the narrow kernel
     x, planes, b = make(M, c, d, dtype, seed=M + 3 * c + 7 * d)
     op = torch.ops.flash_eqlinear.eq_linear_fwd
     y = op(x, planes, b)
@@ -96,6 +97,34 @@ def test_forward_each_path(M, c, d, dtype, path, monkeypatch):
     assert torch.equal(op(x, planes, b), y)
     x = (x.float() / x.float().abs().max() * 3e4).to(dtype)  # fp16: the halved prologue keeps this finite
     check_against_linear(op(x, planes, None), x, planes, None)
+
+
+# Shapes of the narrow kernel (c, d <= 32; fp16 / bf16 take it for c * d <= 256): both of its tile
+# heights (d <= 16: 128 rows, else 64), c and d odd, c between its two K widths, ragged M.
+NARROW_SHAPES = [(1, 1, 1), (7, 3, 5), (129, 16, 16), (4097, 16, 8), (300, 7, 32), (1000, 32, 32)]
+NARROW_SHAPES += [(257, 20, 31)]
+
+
+@pytest.mark.parametrize("narrow", [True, False], ids=["narrow", "tiled"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("M, c, d", NARROW_SHAPES)
+def test_forward_narrow(M, c, d, dtype, narrow, monkeypatch):
+    # FLASH_EQLINEAR_NARROW=0 sends small layers to the tiled kernels. Each: fp64 criterion, bitwise
+    # repeatable, no bias, fp16-range inputs, and x / y at an 8-byte offset (the element-access path).
+    if narrow and dtype != torch.float32 and c * d > 256:
+        pytest.skip("fp16 / bf16 take the narrow kernel for c * d <= 256 only")
+    monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "1" if narrow else "0")
+    x, planes, b = make(M, c, d, dtype, seed=M + 5 * c + 11 * d)
+    op = torch.ops.flash_eqlinear.eq_linear_fwd
+    y = op(x, planes, b)
+    check_against_linear(y, x, planes, b)
+    assert torch.equal(op(x, planes, b), y)
+    check_against_linear(op(x, planes, None), x, planes, None)
+    big = (x.float() / x.float().abs().max() * 3e4).to(dtype)
+    check_against_linear(op(big, planes, b), big, planes, b)
+    x_off = torch.empty(M * 4 * c + 4, device=DEV, dtype=dtype)[4:].view(M, 4 * c)
+    x_off.copy_(x)
+    check_against_linear(op(x_off, planes, b), x_off, planes, b)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -330,6 +359,7 @@ def test_tf32_path(M, c, d, mode, sm90, allow_tf32, monkeypatch):
     monkeypatch.setattr(ops, "WEIGHT_GRAD", mode)
     if not sm90:
         monkeypatch.setenv("FLASH_EQLINEAR_SM90", "0")
+    monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")  # the narrow kernel is exact FP32, not TF32
     x, planes, b = make(M, c, d, torch.float32, seed=M + c)
     g = torch.randn(M, 4 * d, device=DEV)
     leaves = [t.detach().clone().requires_grad_() for t in (x, planes, b)]

@@ -1,0 +1,267 @@
+// Fused p4 EQ-Linear forward for narrow layers (c, d <= 32), any element type: see eq_linear_fwd.h for
+// the math and eq_linear_fwd_narrow.h for when it runs.
+//
+// Why a separate kernel: at c = d = 16 a layer does 6 * 16 * 16 = 1536 MACs per row against 128 (fp32)
+// or 64 (fp16) bytes of x and y, so it is a streaming pass bound by DRAM bandwidth and by how quickly
+// a block gets its first bytes. The tiled kernels pay per-block fixed costs (pipeline fill over
+// k tiles, 64 output channels per tile of which d = 16 uses a quarter) that dominate there.
+//
+// One block = BM rows x all d output channels x the whole K = c: no k loop, one barrier.
+//   1. Each thread issues all its 16-byte loads of the x tile at once (consecutive threads read
+//      consecutive chunks of a row: coalesced), the planes go to shared memory as FP32 [g][k][o]
+//      (zero-padded to KC x DN), then the group DFT of each (row, channel) quadruple is stored as
+//      FP32 [g][k][row] (k-major: the compute loop reads 4 consecutive rows as one float4).
+//   2. A thread owns 4 rows x 2 output channels: per k, 4 LDS.128 (f0, fR, fI, f2 of its rows) and
+//      4 LDS.64 (P0, PR, PI, P2 of its channels) feed 48 FFMA into a0, a2, aR, aI.
+//   3. Inverse DFT + bias in registers; the 2 channels x 4 group values of a row are contiguous in
+//      y, so a thread stores 32 (fp32) or 16 (fp16 / bf16) bytes per row, and the NX threads of a
+//      row cover it contiguously.
+// Arithmetic is FP32 for every element type (the products are exact FP32 FFMA: this is also the
+// exact-FP32 path, whatever the TF32 switch says). Occupancy (~4 blocks of 256 threads per SM, each
+// at a different phase) overlaps one block's loads with another's math and stores.
+//
+// Ragged edges: rows >= M and channels >= c are zero in shared memory and never stored; output
+// channels >= d read zero planes and are not stored. Row offsets are 64-bit.
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#include "eq_linear_fwd.h"
+#include "eq_linear_fwd_narrow.h"
+
+namespace flash_eqlinear {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr float kHalfSqrt2 = 0.70710678118654752440f;
+
+template <class T> struct Cvt;
+template <> struct Cvt<float> {
+  static __device__ __forceinline__ float to_f(float v) { return v; }
+  static __device__ __forceinline__ float from_f(float v) { return v; }
+};
+template <> struct Cvt<__half> {
+  static __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half from_f(float v) { return __float2half_rn(v); }
+};
+template <> struct Cvt<__nv_bfloat16> {
+  static __device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 from_f(float v) { return __float2bfloat16_rn(v); }
+};
+
+// KC, DN: c and d rounded up (16 or 32). kVec: x and y 16-byte aligned, rows of x a whole number
+// of 16-byte chunks, d even (16-byte stores of an output-channel pair); otherwise element accesses.
+template <class T, int KC, int DN>
+struct NarrowCfg {
+  static constexpr int NX = DN / 2;             // threads along output channels (2 each)
+  static constexpr int NY = kThreads / NX;      // threads along rows (4 each)
+  static constexpr int BM = 4 * NY;             // 128 rows for DN = 16, 64 for DN = 32
+  static constexpr int SA = BM + 4;             // f row stride: float4-aligned, k and k + 8 2-way
+  static constexpr int QPC = 16 / (4 * int(sizeof(T)));  // (row, channel) quadruples per 16 bytes
+  static constexpr int CPR = KC / QPC;          // 16-byte chunks per row of a full-width tile
+  static constexpr int kLoads = BM * CPR / kThreads;  // chunks per thread
+  static constexpr int kSmemBytes = (4 * KC * SA + 4 * KC * DN) * int(sizeof(float));
+  static_assert(BM * CPR % kThreads == 0, "x tile chunks split evenly over the threads");
+  static_assert(QPC >= 1, "16-byte chunks hold whole quadruples");
+};
+
+template <class T, int KC, int DN, bool kVec>
+__global__ void __launch_bounds__(kThreads)
+eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ planes, const T* __restrict__ bias,
+                            T* __restrict__ y, int64_t M, int c, int d) {
+  using Cfg = NarrowCfg<T, KC, DN>;
+  constexpr int BM = Cfg::BM, SA = Cfg::SA, QPC = Cfg::QPC, CPR = Cfg::CPR, NX = Cfg::NX;
+  extern __shared__ float4 smem4[];
+  float* const F = reinterpret_cast<float*>(smem4);  // [4][KC][SA]: f0, fR, fI, f2
+  float* const P = F + 4 * KC * SA;                   // [4][KC][DN]: P0, PR, PI, P2
+  const int tid = threadIdx.x;
+  const int64_t m0 = int64_t(blockIdx.x) * BM;
+
+  // ---- x tile: all loads first (in flight together), then the transform into F.
+  // Chunk i = tid + kThreads * it is row i / CPR, channels (i % CPR) * QPC ..; chunks past c or M
+  // become zeros.
+  if constexpr (kVec) {
+    const int cpr = c / QPC;  // valid chunks per row (c % QPC == 0 on this path)
+    uint4 v[Cfg::kLoads];
+    #pragma unroll
+    for (int it = 0; it < Cfg::kLoads; ++it) {
+      const int i = tid + kThreads * it, r = i / CPR, q = i % CPR;
+      const int64_t m = m0 + r;
+      v[it] = make_uint4(0, 0, 0, 0);
+      if (m < M && q < cpr) v[it] = __ldg(reinterpret_cast<const uint4*>(x + (m * c + int64_t(q) * QPC) * 4));
+    }
+    #pragma unroll
+    for (int it = 0; it < Cfg::kLoads; ++it) {
+      const int i = tid + kThreads * it, r = i / CPR, q = i % CPR;
+      const T* e = reinterpret_cast<const T*>(&v[it]);
+      #pragma unroll
+      for (int j = 0; j < QPC; ++j) {
+        const float x0 = Cvt<T>::to_f(e[4 * j]), x1 = Cvt<T>::to_f(e[4 * j + 1]);
+        const float x2 = Cvt<T>::to_f(e[4 * j + 2]), x3 = Cvt<T>::to_f(e[4 * j + 3]);
+        const float s02 = x0 + x2, s13 = x1 + x3;
+        float* const f = F + (q * QPC + j) * SA + r;
+        f[0 * KC * SA] = s02 + s13;  // f0
+        f[1 * KC * SA] = x0 - x2;    // fR
+        f[2 * KC * SA] = x3 - x1;    // fI
+        f[3 * KC * SA] = s02 - s13;  // f2
+      }
+    }
+  } else {
+    constexpr int kQuads = BM * KC / kThreads;
+    float4 v[kQuads];
+    #pragma unroll
+    for (int it = 0; it < kQuads; ++it) {
+      const int i = tid + kThreads * it, r = i / KC, k = i % KC;
+      const int64_t m = m0 + r;
+      v[it] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (m < M && k < c) {
+        const T* src = x + (m * c + k) * 4;
+        v[it] = make_float4(Cvt<T>::to_f(src[0]), Cvt<T>::to_f(src[1]), Cvt<T>::to_f(src[2]),
+                            Cvt<T>::to_f(src[3]));
+      }
+    }
+    #pragma unroll
+    for (int it = 0; it < kQuads; ++it) {
+      const int i = tid + kThreads * it, r = i / KC, k = i % KC;
+      const float4 q = v[it];
+      const float s02 = q.x + q.z, s13 = q.y + q.w;
+      float* const f = F + k * SA + r;
+      f[0 * KC * SA] = s02 + s13;
+      f[1 * KC * SA] = q.x - q.z;
+      f[2 * KC * SA] = q.w - q.y;
+      f[3 * KC * SA] = s02 - s13;
+    }
+  }
+  // ---- planes (4, d, c) -> P[g][k][o], in the order of the F groups (P0, PR, PI, P2 = planes order).
+  for (int i = tid; i < 4 * DN * KC; i += kThreads) {
+    const int g = i / (DN * KC), o = (i / KC) % DN, k = i % KC;
+    P[(g * KC + k) * DN + o] = (o < d && k < c) ? Cvt<T>::to_f(planes[(int64_t(g) * d + o) * c + k]) : 0.f;
+  }
+  __syncthreads();
+
+  // ---- six products: rows r0 .. r0 + 3, output channels o0, o0 + 1.
+  const int tx = tid % NX, ty = tid / NX;
+  const int r0 = 4 * ty, o0 = 2 * tx;
+  float a0[4][2] = {}, a2[4][2] = {}, aR[4][2] = {}, aI[4][2] = {};
+  #pragma unroll
+  for (int k = 0; k < KC; ++k) {
+    float f[4][4], p[4][2];
+    #pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      const float4 fv = *reinterpret_cast<const float4*>(F + (g * KC + k) * SA + r0);
+      f[g][0] = fv.x; f[g][1] = fv.y; f[g][2] = fv.z; f[g][3] = fv.w;
+      const float2 pv = *reinterpret_cast<const float2*>(P + (g * KC + k) * DN + o0);
+      p[g][0] = pv.x; p[g][1] = pv.y;
+    }
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        a0[i][j] = fmaf(f[0][i], p[0][j], a0[i][j]);
+        aR[i][j] = fmaf(f[1][i], p[1][j], aR[i][j]);
+        aR[i][j] = fmaf(-f[2][i], p[2][j], aR[i][j]);
+        aI[i][j] = fmaf(f[1][i], p[2][j], aI[i][j]);
+        aI[i][j] = fmaf(f[2][i], p[1][j], aI[i][j]);
+        a2[i][j] = fmaf(f[3][i], p[3][j], a2[i][j]);
+      }
+    }
+  }
+
+  // ---- inverse DFT + bias, stores
+  float bv[2];
+  #pragma unroll
+  for (int j = 0; j < 2; ++j) bv[j] = (bias != nullptr && o0 + j < d) ? Cvt<T>::to_f(bias[o0 + j]) : 0.f;
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t m = m0 + r0 + i;
+    if (m >= M) break;
+    float out[2][4];
+    #pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float e = 0.5f * (a0[i][j] + a2[i][j]), h = 0.5f * (a0[i][j] - a2[i][j]);
+      const float r = kHalfSqrt2 * aR[i][j], s = kHalfSqrt2 * aI[i][j];
+      out[j][0] = e + r + bv[j];
+      out[j][1] = h - s + bv[j];
+      out[j][2] = e - r + bv[j];
+      out[j][3] = h + s + bv[j];
+    }
+    T* const dst = y + (m * d + o0) * 4;
+    if constexpr (kVec) {
+      if (o0 >= d) continue;  // d even: o0 < d implies o0 + 1 < d
+      if constexpr (sizeof(T) == 4) {
+        reinterpret_cast<float4*>(dst)[0] = make_float4(out[0][0], out[0][1], out[0][2], out[0][3]);
+        reinterpret_cast<float4*>(dst)[1] = make_float4(out[1][0], out[1][1], out[1][2], out[1][3]);
+      } else {
+        uint4 packed;
+        T* const e = reinterpret_cast<T*>(&packed);
+        #pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          #pragma unroll
+          for (int g = 0; g < 4; ++g) e[4 * j + g] = Cvt<T>::from_f(out[j][g]);
+        }
+        *reinterpret_cast<uint4*>(dst) = packed;
+      }
+    } else {
+      #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (o0 + j >= d) break;
+        #pragma unroll
+        for (int g = 0; g < 4; ++g) dst[4 * j + g] = Cvt<T>::from_f(out[j][g]);
+      }
+    }
+  }
+}
+
+template <class T, int KC, int DN, bool kVec>
+cudaError_t launch(const FwdParams& p, cudaStream_t stream) {
+  using Cfg = NarrowCfg<T, KC, DN>;
+  auto* kernel = eq_linear_fwd_narrow_kernel<T, KC, DN, kVec>;
+  if (Cfg::kSmemBytes > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    if (err != cudaSuccess) return err;
+  }
+  const int64_t blocks = (p.M + Cfg::BM - 1) / Cfg::BM;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  kernel<<<unsigned(blocks), kThreads, Cfg::kSmemBytes, stream>>>(
+      static_cast<const T*>(p.x), static_cast<const T*>(p.planes), static_cast<const T*>(p.bias),
+      static_cast<T*>(p.y), p.M, int(p.c), int(p.d));
+  return cudaGetLastError();
+}
+
+template <class T, int KC, int DN>
+cudaError_t dispatch_vec(const FwdParams& p, cudaStream_t stream) {
+  const auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  const bool vec = aligned16(p.x) && aligned16(p.y) && (4 * p.c * int64_t(sizeof(T))) % 16 == 0 && p.d % 2 == 0;
+  return vec ? launch<T, KC, DN, true>(p, stream) : launch<T, KC, DN, false>(p, stream);
+}
+
+template <class T>
+cudaError_t dispatch(const FwdParams& p, cudaStream_t stream) {
+  if (p.c <= 16) return p.d <= 16 ? dispatch_vec<T, 16, 16>(p, stream) : dispatch_vec<T, 16, 32>(p, stream);
+  return p.d <= 16 ? dispatch_vec<T, 32, 16>(p, stream) : dispatch_vec<T, 32, 32>(p, stream);
+}
+
+}  // namespace
+
+bool eq_linear_fwd_narrow_applies(int64_t c, int64_t d, int elem_bytes) {
+  const char* v = std::getenv("FLASH_EQLINEAR_NARROW");
+  if (v != nullptr && std::strcmp(v, "0") == 0) return false;
+  if (c < 1 || d < 1 || c > kNarrowMaxC || d > kNarrowMaxC) return false;
+  return elem_bytes == 4 || c * d <= kNarrowMaxCD16;
+}
+
+cudaError_t eq_linear_fwd_narrow(const FwdParams& p, int elem_bytes, bool bf16, cudaStream_t stream) {
+  if (p.M < 0 || p.c < 1 || p.d < 1 || p.c > kNarrowMaxC || p.d > kNarrowMaxC) return cudaErrorInvalidValue;
+  if (p.x == nullptr || p.planes == nullptr || p.y == nullptr) return cudaErrorInvalidValue;
+  if (p.M == 0) return cudaSuccess;
+  if (elem_bytes == 4) return dispatch<float>(p, stream);
+  if (elem_bytes != 2) return cudaErrorInvalidValue;
+  return bf16 ? dispatch<__nv_bfloat16>(p, stream) : dispatch<__half>(p, stream);
+}
+
+}  // namespace flash_eqlinear
