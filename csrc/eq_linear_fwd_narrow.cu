@@ -6,19 +6,21 @@
 // a block gets its first bytes. The tiled kernels pay per-block fixed costs (pipeline fill over
 // k tiles, 64 output channels per tile of which d = 16 uses a quarter) that dominate there.
 //
-// One block = BM rows x all d output channels x the whole K = c: no k loop, one barrier.
-//   1. Each thread issues all its 16-byte loads of the x tile at once (consecutive threads read
-//      consecutive chunks of a row: coalesced), the planes go to shared memory as FP32 [g][k][o]
-//      (zero-padded to KC x DN), then the group DFT of each (row, channel) quadruple is stored as
-//      FP32 [g][k][row] (k-major: the compute loop reads 4 consecutive rows as one float4).
-//   2. A thread owns 4 rows x 2 output channels: per k, 4 LDS.128 (f0, fR, fI, f2 of its rows) and
+// Each warp owns WR rows x all d output channels x the whole K = c, independently of the other warps
+// (one block-wide barrier, for the planes): a warp computes as soon as its own rows have arrived, so
+// the math of early warps overlaps the loads of late ones and their stores.
+//   1. Each lane issues all its 16-byte loads of the warp's x rows at once (consecutive lanes read
+//      consecutive chunks of a row: coalesced); the block copies the planes to shared memory as FP32
+//      [g][k][o] (zero-padded to KC x DN); then the warp stores the group DFT of each (row, channel)
+//      quadruple as FP32 [g][k][row] (k-major: the compute loop reads 4 consecutive rows as a float4).
+//   2. A lane owns 4 rows x 2 output channels: per k, 4 LDS.128 (f0, fR, fI, f2 of its rows) and
 //      4 LDS.64 (P0, PR, PI, P2 of its channels) feed 48 FFMA into a0, a2, aR, aI.
 //   3. Inverse DFT + bias in registers; the 2 channels x 4 group values of a row are contiguous in
-//      y, so a thread stores 32 (fp32) or 16 (fp16 / bf16) bytes per row, and the NX threads of a
-//      row cover it contiguously.
+//      y, so a lane stores 32 (fp32) or 16 (fp16 / bf16) bytes per row, and the NX lanes of a row
+//      cover it contiguously.
 // Arithmetic is FP32 for every element type (the products are exact FP32 FFMA: this is also the
-// exact-FP32 path, whatever the TF32 switch says). Occupancy (~4 blocks of 256 threads per SM, each
-// at a different phase) overlaps one block's loads with another's math and stores.
+// exact-FP32 path, whatever the TF32 switch says). Small blocks (4 warps) keep a whole M = 32768
+// layer resident in one wave (no wave-quantization tail) and let larger grids backfill.
 //
 // Ragged edges: rows >= M and channels >= c are zero in shared memory and never stored; output
 // channels >= d read zero planes and are not stored. Row offsets are 64-bit.
@@ -37,7 +39,7 @@
 namespace flash_eqlinear {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 128;
 constexpr float kHalfSqrt2 = 0.70710678118654752440f;
 
 template <class T> struct Cvt;
@@ -58,15 +60,18 @@ template <> struct Cvt<__nv_bfloat16> {
 // of 16-byte chunks, d even (16-byte stores of an output-channel pair); otherwise element accesses.
 template <class T, int KC, int DN>
 struct NarrowCfg {
-  static constexpr int NX = DN / 2;             // threads along output channels (2 each)
-  static constexpr int NY = kThreads / NX;      // threads along rows (4 each)
-  static constexpr int BM = 4 * NY;             // 128 rows for DN = 16, 64 for DN = 32
-  static constexpr int SA = BM + 4;             // f row stride: float4-aligned, k and k + 8 2-way
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int NX = DN / 2;             // lanes along output channels (2 each)
+  static constexpr int WR = 4 * (32 / NX);      // rows per warp (4 per lane): 16 for DN = 16, 8 for 32
+  static constexpr int BM = kWarps * WR;        // rows per block
+  static constexpr int SA = WR + 4;             // f row stride: float4-aligned, spreads k over banks
   static constexpr int QPC = 16 / (4 * int(sizeof(T)));  // (row, channel) quadruples per 16 bytes
   static constexpr int CPR = KC / QPC;          // 16-byte chunks per row of a full-width tile
-  static constexpr int kLoads = BM * CPR / kThreads;  // chunks per thread
-  static constexpr int kSmemBytes = (4 * KC * SA + 4 * KC * DN) * int(sizeof(float));
-  static_assert(BM * CPR % kThreads == 0, "x tile chunks split evenly over the threads");
+  static constexpr int kLoads = WR * CPR / 32;  // chunks per lane
+  static constexpr int kQuads = WR * KC / 32;   // quadruples per lane (element-access path)
+  static constexpr int kWarpF = 4 * KC * SA;    // floats of one warp's f tile
+  static constexpr int kSmemBytes = (kWarps * kWarpF + 4 * KC * DN) * int(sizeof(float));
+  static_assert(WR * CPR % 32 == 0 && WR * KC % 32 == 0, "x rows split evenly over the lanes");
   static_assert(QPC >= 1, "16-byte chunks hold whole quadruples");
 };
 
@@ -75,78 +80,74 @@ __global__ void __launch_bounds__(kThreads)
 eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ planes, const T* __restrict__ bias,
                             T* __restrict__ y, int64_t M, int c, int d) {
   using Cfg = NarrowCfg<T, KC, DN>;
-  constexpr int BM = Cfg::BM, SA = Cfg::SA, QPC = Cfg::QPC, CPR = Cfg::CPR, NX = Cfg::NX;
+  constexpr int WR = Cfg::WR, SA = Cfg::SA, QPC = Cfg::QPC, CPR = Cfg::CPR, NX = Cfg::NX;
   extern __shared__ float4 smem4[];
-  float* const F = reinterpret_cast<float*>(smem4);  // [4][KC][SA]: f0, fR, fI, f2
-  float* const P = F + 4 * KC * SA;                   // [4][KC][DN]: P0, PR, PI, P2
-  const int tid = threadIdx.x;
-  const int64_t m0 = int64_t(blockIdx.x) * BM;
+  float* const P = reinterpret_cast<float*>(smem4);                      // [4][KC][DN]: P0, PR, PI, P2
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  float* const F = P + 4 * KC * DN + warp * Cfg::kWarpF;                 // this warp's [4][KC][SA]
+  const int64_t m0 = (int64_t(blockIdx.x) * Cfg::kWarps + warp) * WR;   // the warp's first row
 
-  // ---- x tile: all loads first (in flight together), then the transform into F.
-  // Chunk i = tid + kThreads * it is row i / CPR, channels (i % CPR) * QPC ..; chunks past c or M
-  // become zeros.
+  // Stores the group DFT of the quadruple (row r, channel k) of the warp's tile.
+  const auto put_f = [&](int r, int k, float x0, float x1, float x2, float x3) {
+    const float s02 = x0 + x2, s13 = x1 + x3;
+    float* const f = F + k * SA + r;
+    f[0 * KC * SA] = s02 + s13;  // f0
+    f[1 * KC * SA] = x0 - x2;    // fR
+    f[2 * KC * SA] = x3 - x1;    // fI
+    f[3 * KC * SA] = s02 - s13;  // f2
+  };
+
+  // ---- the warp's x rows: all loads issued first (in flight during the planes copy and barrier).
+  // Chunk i = lane + 32 * it is row i / CPR, channels (i % CPR) * QPC ..; chunks past c or M are zero.
+  constexpr int kRegs = kVec ? Cfg::kLoads : Cfg::kQuads;
+  uint4 v[kRegs];
   if constexpr (kVec) {
     const int cpr = c / QPC;  // valid chunks per row (c % QPC == 0 on this path)
-    uint4 v[Cfg::kLoads];
     #pragma unroll
-    for (int it = 0; it < Cfg::kLoads; ++it) {
-      const int i = tid + kThreads * it, r = i / CPR, q = i % CPR;
+    for (int it = 0; it < kRegs; ++it) {
+      const int i = lane + 32 * it, r = i / CPR, q = i % CPR;
       const int64_t m = m0 + r;
       v[it] = make_uint4(0, 0, 0, 0);
       if (m < M && q < cpr) v[it] = __ldg(reinterpret_cast<const uint4*>(x + (m * c + int64_t(q) * QPC) * 4));
     }
+  } else {  // one quadruple (row, channel) per register group, element loads, as FP32 bits
     #pragma unroll
-    for (int it = 0; it < Cfg::kLoads; ++it) {
-      const int i = tid + kThreads * it, r = i / CPR, q = i % CPR;
-      const T* e = reinterpret_cast<const T*>(&v[it]);
-      #pragma unroll
-      for (int j = 0; j < QPC; ++j) {
-        const float x0 = Cvt<T>::to_f(e[4 * j]), x1 = Cvt<T>::to_f(e[4 * j + 1]);
-        const float x2 = Cvt<T>::to_f(e[4 * j + 2]), x3 = Cvt<T>::to_f(e[4 * j + 3]);
-        const float s02 = x0 + x2, s13 = x1 + x3;
-        float* const f = F + (q * QPC + j) * SA + r;
-        f[0 * KC * SA] = s02 + s13;  // f0
-        f[1 * KC * SA] = x0 - x2;    // fR
-        f[2 * KC * SA] = x3 - x1;    // fI
-        f[3 * KC * SA] = s02 - s13;  // f2
-      }
-    }
-  } else {
-    constexpr int kQuads = BM * KC / kThreads;
-    float4 v[kQuads];
-    #pragma unroll
-    for (int it = 0; it < kQuads; ++it) {
-      const int i = tid + kThreads * it, r = i / KC, k = i % KC;
+    for (int it = 0; it < kRegs; ++it) {
+      const int i = lane + 32 * it, r = i / KC, k = i % KC;
       const int64_t m = m0 + r;
-      v[it] = make_float4(0.f, 0.f, 0.f, 0.f);
+      float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
       if (m < M && k < c) {
         const T* src = x + (m * c + k) * 4;
-        v[it] = make_float4(Cvt<T>::to_f(src[0]), Cvt<T>::to_f(src[1]), Cvt<T>::to_f(src[2]),
-                            Cvt<T>::to_f(src[3]));
+        q = make_float4(Cvt<T>::to_f(src[0]), Cvt<T>::to_f(src[1]), Cvt<T>::to_f(src[2]), Cvt<T>::to_f(src[3]));
       }
-    }
-    #pragma unroll
-    for (int it = 0; it < kQuads; ++it) {
-      const int i = tid + kThreads * it, r = i / KC, k = i % KC;
-      const float4 q = v[it];
-      const float s02 = q.x + q.z, s13 = q.y + q.w;
-      float* const f = F + k * SA + r;
-      f[0 * KC * SA] = s02 + s13;
-      f[1 * KC * SA] = q.x - q.z;
-      f[2 * KC * SA] = q.w - q.y;
-      f[3 * KC * SA] = s02 - s13;
+      v[it] = *reinterpret_cast<const uint4*>(&q);
     }
   }
-  // ---- planes (4, d, c) -> P[g][k][o], in the order of the F groups (P0, PR, PI, P2 = planes order).
+  // ---- planes (4, d, c) -> P[g][k][o] (the F groups' order P0, PR, PI, P2 is the planes' order).
   for (int i = tid; i < 4 * DN * KC; i += kThreads) {
     const int g = i / (DN * KC), o = (i / KC) % DN, k = i % KC;
     P[(g * KC + k) * DN + o] = (o < d && k < c) ? Cvt<T>::to_f(planes[(int64_t(g) * d + o) * c + k]) : 0.f;
   }
   __syncthreads();
+  if (m0 >= M) return;  // after the barrier: a warp past the end still helped copy the planes
+  #pragma unroll
+  for (int it = 0; it < kRegs; ++it) {
+    const int i = lane + 32 * it;
+    if constexpr (kVec) {
+      const T* e = reinterpret_cast<const T*>(&v[it]);
+      #pragma unroll
+      for (int j = 0; j < QPC; ++j)
+        put_f(i / CPR, (i % CPR) * QPC + j, Cvt<T>::to_f(e[4 * j]), Cvt<T>::to_f(e[4 * j + 1]),
+              Cvt<T>::to_f(e[4 * j + 2]), Cvt<T>::to_f(e[4 * j + 3]));
+    } else {
+      const float4 q = *reinterpret_cast<const float4*>(&v[it]);
+      put_f(i / KC, i % KC, q.x, q.y, q.z, q.w);
+    }
+  }
+  __syncwarp();
 
-  // ---- six products: rows r0 .. r0 + 3, output channels o0, o0 + 1.
-  const int tx = tid % NX, ty = tid / NX;
-  const int r0 = 4 * ty, o0 = 2 * tx;
+  // ---- six products: rows r0 .. r0 + 3 of the warp's tile, output channels o0, o0 + 1.
+  const int r0 = 4 * (lane / NX), o0 = 2 * (lane % NX);
   float a0[4][2] = {}, a2[4][2] = {}, aR[4][2] = {}, aI[4][2] = {};
   #pragma unroll
   for (int k = 0; k < KC; ++k) {
@@ -252,6 +253,7 @@ bool eq_linear_fwd_narrow_applies(int64_t c, int64_t d, int elem_bytes) {
   const char* v = std::getenv("FLASH_EQLINEAR_NARROW");
   if (v != nullptr && std::strcmp(v, "0") == 0) return false;
   if (c < 1 || d < 1 || c > kNarrowMaxC || d > kNarrowMaxC) return false;
+  if (v != nullptr && std::strcmp(v, "1") == 0) return true;
   return elem_bytes == 4 || c * d <= kNarrowMaxCD16;
 }
 

@@ -15,7 +15,8 @@ constexpr int64_t kNarrowMaxC = 32;
 constexpr int64_t kNarrowMaxCD16 = 16 * 16;
 
 // Whether the forward of a layer of this size and element size (4: float, 2: half / bfloat16) runs
-// the narrow kernel; false when FLASH_EQLINEAR_NARROW=0 (to test the other kernels on small layers).
+// the narrow kernel. FLASH_EQLINEAR_NARROW=0: never (to test the other kernels on small layers);
+// =1: whenever c, d <= 32 (to test and time it beyond the 16-bit size limit).
 bool eq_linear_fwd_narrow_applies(int64_t c, int64_t d, int elem_bytes);
 
 // One launch on `stream` (any alignment; any M >= 0). cudaErrorInvalidValue outside c, d <= 32.

@@ -99,8 +99,8 @@ def test_forward_each_path(M, c, d, dtype, path, monkeypatch):
     check_against_linear(op(x, planes, None), x, planes, None)
 
 
-# Shapes of the narrow kernel (c, d <= 32; fp16 / bf16 take it for c * d <= 256): both of its tile
-# heights (d <= 16: 128 rows, else 64), c and d odd, c between its two K widths, ragged M.
+# Shapes of the narrow kernel (c, d <= 32): both warp tiles (d <= 16: 16 rows, else 8), both K widths
+# (c <= 16, else 32), c and d odd, ragged M.
 NARROW_SHAPES = [(1, 1, 1), (7, 3, 5), (129, 16, 16), (4097, 16, 8), (300, 7, 32), (1000, 32, 32)]
 NARROW_SHAPES += [(257, 20, 31)]
 
@@ -109,10 +109,9 @@ NARROW_SHAPES += [(257, 20, 31)]
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("M, c, d", NARROW_SHAPES)
 def test_forward_narrow(M, c, d, dtype, narrow, monkeypatch):
-    # FLASH_EQLINEAR_NARROW=0 sends small layers to the tiled kernels. Each: fp64 criterion, bitwise
-    # repeatable, no bias, fp16-range inputs, and x / y at an 8-byte offset (the element-access path).
-    if narrow and dtype != torch.float32 and c * d > 256:
-        pytest.skip("fp16 / bf16 take the narrow kernel for c * d <= 256 only")
+    # FLASH_EQLINEAR_NARROW=1 forces the narrow kernel (fp16 / bf16 take it by default only up to
+    # c * d = 256), =0 the tiled kernels. Each: fp64 criterion, bitwise repeatable, no bias,
+    # fp16-range inputs, and x at an 8-byte offset (the element-access path).
     monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "1" if narrow else "0")
     x, planes, b = make(M, c, d, dtype, seed=M + 5 * c + 11 * d)
     op = torch.ops.flash_eqlinear.eq_linear_fwd
