@@ -69,10 +69,14 @@ struct NarrowCfg {
   static constexpr int CPR = KC / QPC;          // 16-byte chunks per row of a full-width tile
   static constexpr int kLoads = WR * CPR / 32;  // chunks per lane
   static constexpr int kQuads = WR * KC / 32;   // quadruples per lane (element-access path)
+  static constexpr int SP = DN + 2;             // plane row stride: float2-aligned, the transposed
+                                                // stores (consecutive k per lane) 2-way, not 32-way
+  static constexpr int kPlaneLoads = 4 * KC * DN / kThreads;  // plane elements per thread
   static constexpr int kWarpF = 4 * KC * SA;    // floats of one warp's f tile
-  static constexpr int kSmemBytes = (kWarps * kWarpF + 4 * KC * DN) * int(sizeof(float));
+  static constexpr int kSmemBytes = (kWarps * kWarpF + 4 * KC * SP) * int(sizeof(float));
   static_assert(WR * CPR % 32 == 0 && WR * KC % 32 == 0, "x rows split evenly over the lanes");
   static_assert(QPC >= 1, "16-byte chunks hold whole quadruples");
+  static_assert(4 * KC * DN % kThreads == 0, "plane elements split evenly over the threads");
 };
 
 template <class T, int KC, int DN, bool kVec>
@@ -80,11 +84,11 @@ __global__ void __launch_bounds__(kThreads)
 eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ planes, const T* __restrict__ bias,
                             T* __restrict__ y, int64_t M, int c, int d) {
   using Cfg = NarrowCfg<T, KC, DN>;
-  constexpr int WR = Cfg::WR, SA = Cfg::SA, QPC = Cfg::QPC, CPR = Cfg::CPR, NX = Cfg::NX;
+  constexpr int WR = Cfg::WR, SA = Cfg::SA, SP = Cfg::SP, QPC = Cfg::QPC, CPR = Cfg::CPR, NX = Cfg::NX;
   extern __shared__ float4 smem4[];
-  float* const P = reinterpret_cast<float*>(smem4);                      // [4][KC][DN]: P0, PR, PI, P2
+  float* const P = reinterpret_cast<float*>(smem4);                      // [4][KC][SP]: P0, PR, PI, P2
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  float* const F = P + 4 * KC * DN + warp * Cfg::kWarpF;                 // this warp's [4][KC][SA]
+  float* const F = P + 4 * KC * SP + warp * Cfg::kWarpF;                 // this warp's [4][KC][SA]
   const int64_t m0 = (int64_t(blockIdx.x) * Cfg::kWarps + warp) * WR;   // the warp's first row
 
   // Stores the group DFT of the quadruple (row r, channel k) of the warp's tile.
@@ -123,10 +127,18 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
       v[it] = *reinterpret_cast<const uint4*>(&q);
     }
   }
-  // ---- planes (4, d, c) -> P[g][k][o] (the F groups' order P0, PR, PI, P2 is the planes' order).
-  for (int i = tid; i < 4 * DN * KC; i += kThreads) {
-    const int g = i / (DN * KC), o = (i / KC) % DN, k = i % KC;
-    P[(g * KC + k) * DN + o] = (o < d && k < c) ? Cvt<T>::to_f(planes[(int64_t(g) * d + o) * c + k]) : 0.f;
+  // ---- planes (4, d, c) -> P[g][k][o] (the F groups' order P0, PR, PI, P2 is the planes' order):
+  // all loads first (a loop of load-then-store would wait out one L2 latency per iteration).
+  float pv[Cfg::kPlaneLoads];
+  #pragma unroll
+  for (int it = 0; it < Cfg::kPlaneLoads; ++it) {
+    const int i = tid + kThreads * it, g = i / (DN * KC), o = (i / KC) % DN, k = i % KC;
+    pv[it] = (o < d && k < c) ? Cvt<T>::to_f(planes[(int64_t(g) * d + o) * c + k]) : 0.f;
+  }
+  #pragma unroll
+  for (int it = 0; it < Cfg::kPlaneLoads; ++it) {
+    const int i = tid + kThreads * it, g = i / (DN * KC), o = (i / KC) % DN, k = i % KC;
+    P[(g * KC + k) * SP + o] = pv[it];
   }
   __syncthreads();
   if (m0 >= M) return;  // after the barrier: a warp past the end still helped copy the planes
@@ -156,8 +168,8 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
     for (int g = 0; g < 4; ++g) {
       const float4 fv = *reinterpret_cast<const float4*>(F + (g * KC + k) * SA + r0);
       f[g][0] = fv.x; f[g][1] = fv.y; f[g][2] = fv.z; f[g][3] = fv.w;
-      const float2 pv = *reinterpret_cast<const float2*>(P + (g * KC + k) * DN + o0);
-      p[g][0] = pv.x; p[g][1] = pv.y;
+      const float2 pp = *reinterpret_cast<const float2*>(P + (g * KC + k) * SP + o0);
+      p[g][0] = pp.x; p[g][1] = pp.y;
     }
     #pragma unroll
     for (int i = 0; i < 4; ++i) {
