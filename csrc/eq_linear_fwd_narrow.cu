@@ -25,6 +25,7 @@
 // Ragged edges: rows >= M and channels >= c are zero in shared memory and never stored; output
 // channels >= d read zero planes and are not stored. Row offsets are 64-bit.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -35,11 +36,14 @@
 
 #include "eq_linear_fwd.h"
 #include "eq_linear_fwd_narrow.h"
+#include "eq_linear_mma_common.cuh"
 
 namespace flash_eqlinear {
 namespace {
 
 constexpr int kThreads = 128;
+// Resident blocks per SM the grid is sized for (each warp then walks several tiles when M is large).
+constexpr int kBlocksPerSm = 4;
 constexpr float kHalfSqrt2 = 0.70710678118654752440f;
 
 template <class T> struct Cvt;
@@ -73,14 +77,15 @@ struct NarrowCfg {
                                                 // stores (consecutive k per lane) 2-way, not 32-way
   static constexpr int kPlaneLoads = 4 * KC * DN / kThreads;  // plane elements per thread
   static constexpr int kWarpF = 4 * KC * SA;    // floats of one warp's f tile
-  static constexpr int kSmemBytes = (kWarps * kWarpF + 4 * KC * SP) * int(sizeof(float));
+  static constexpr int kWarpRaw = 16 * kLoads * 32;  // bytes of one warp's cp.async slots
+  static constexpr int kSmemBytes = kWarps * (kWarpF * int(sizeof(float)) + kWarpRaw) + 4 * KC * SP * int(sizeof(float));
   static_assert(WR * CPR % 32 == 0 && WR * KC % 32 == 0, "x rows split evenly over the lanes");
   static_assert(QPC >= 1, "16-byte chunks hold whole quadruples");
   static_assert(4 * KC * DN % kThreads == 0, "plane elements split evenly over the threads");
 };
 
 template <class T, int KC, int DN, bool kVec>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ planes, const T* __restrict__ bias,
                             T* __restrict__ y, int64_t M, int c, int d) {
   using Cfg = NarrowCfg<T, KC, DN>;
@@ -88,45 +93,36 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
   extern __shared__ float4 smem4[];
   float* const P = reinterpret_cast<float*>(smem4);                      // [4][KC][SP]: P0, PR, PI, P2
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  float* const F = P + 4 * KC * SP + warp * Cfg::kWarpF;                 // this warp's [4][KC][SA]
-  const int64_t m0 = (int64_t(blockIdx.x) * Cfg::kWarps + warp) * WR;   // the warp's first row
+  float* const F = P + 4 * KC * SP + warp * (Cfg::kWarpF + Cfg::kWarpRaw / 4);  // warp's [4][KC][SA], then raw
+  // Warp tiles (WR rows each) in a grid-stride loop: warp w of block b takes tiles b * kWarps + w,
+  // then + the number of warps in the grid.
+  const int64_t num_tiles = (M + WR - 1) / WR, stride = int64_t(gridDim.x) * Cfg::kWarps;
+  int64_t tile = int64_t(blockIdx.x) * Cfg::kWarps + warp;
 
   // Stores the group DFT of the quadruple (row r, channel k) of the warp's tile.
   const auto put_f = [&](int r, int k, float x0, float x1, float x2, float x3) {
-    const float s02 = x0 + x2, s13 = x1 + x3;
     float* const f = F + k * SA + r;
-    f[0 * KC * SA] = s02 + s13;  // f0
-    f[1 * KC * SA] = x0 - x2;    // fR
-    f[2 * KC * SA] = x3 - x1;    // fI
-    f[3 * KC * SA] = s02 - s13;  // f2
+    dft4<false>(x0, x1, x2, x3, f[0 * KC * SA], f[1 * KC * SA], f[2 * KC * SA], f[3 * KC * SA]);
   };
 
-  // ---- the warp's x rows: all loads issued first (in flight during the planes copy and barrier).
-  // Chunk i = lane + 32 * it is row i / CPR, channels (i % CPR) * QPC ..; chunks past c or M are zero.
-  constexpr int kRegs = kVec ? Cfg::kLoads : Cfg::kQuads;
-  uint4 v[kRegs];
-  if constexpr (kVec) {
+  // One warp tile's x rows. Chunk i = lane + 32 * it is row i / CPR, channels (i % CPR) * QPC ..;
+  // chunks past c or M are zero. 16-byte path: cp.async into lane-private slots raw[it][lane] (the
+  // next tile's copies fly during this tile's math without holding registers; a lane reads back only
+  // its own slots, so its wait_group suffices). Element path: one quadruple (row, channel) per
+  // register group, loaded at the top of each tile.
+  uint4* const raw = reinterpret_cast<uint4*>(F + Cfg::kWarpF) + lane;
+  const auto issue_x = [&](int64_t m0) {
     const int cpr = c / QPC;  // valid chunks per row (c % QPC == 0 on this path)
+    const T* const xt = x + m0 * c * 4;
     #pragma unroll
-    for (int it = 0; it < kRegs; ++it) {
+    for (int it = 0; it < Cfg::kLoads; ++it) {
       const int i = lane + 32 * it, r = i / CPR, q = i % CPR;
-      const int64_t m = m0 + r;
-      v[it] = make_uint4(0, 0, 0, 0);
-      if (m < M && q < cpr) v[it] = __ldg(reinterpret_cast<const uint4*>(x + (m * c + int64_t(q) * QPC) * 4));
+      cp_async16_zfill(smem_addr(raw + 32 * it), xt + (r * c + q * QPC) * 4, x, m0 + r < M && q < cpr);
     }
-  } else {  // one quadruple (row, channel) per register group, element loads, as FP32 bits
-    #pragma unroll
-    for (int it = 0; it < kRegs; ++it) {
-      const int i = lane + 32 * it, r = i / KC, k = i % KC;
-      const int64_t m = m0 + r;
-      float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (m < M && k < c) {
-        const T* src = x + (m * c + k) * 4;
-        q = make_float4(Cvt<T>::to_f(src[0]), Cvt<T>::to_f(src[1]), Cvt<T>::to_f(src[2]), Cvt<T>::to_f(src[3]));
-      }
-      v[it] = *reinterpret_cast<const uint4*>(&q);
-    }
-  }
+    cp_async_commit();
+  };
+  if (kVec && tile < num_tiles) issue_x(tile * WR);  // in flight during the planes copy and the barrier
+
   // ---- planes (4, d, c) -> P[g][k][o] (the F groups' order P0, PR, PI, P2 is the planes' order):
   // all loads first (a loop of load-then-store would wait out one L2 latency per iteration).
   float pv[Cfg::kPlaneLoads];
@@ -141,90 +137,113 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
     P[(g * KC + k) * SP + o] = pv[it];
   }
   __syncthreads();
-  if (m0 >= M) return;  // after the barrier: a warp past the end still helped copy the planes
-  #pragma unroll
-  for (int it = 0; it < kRegs; ++it) {
-    const int i = lane + 32 * it;
-    if constexpr (kVec) {
-      const T* e = reinterpret_cast<const T*>(&v[it]);
-      #pragma unroll
-      for (int j = 0; j < QPC; ++j)
-        put_f(i / CPR, (i % CPR) * QPC + j, Cvt<T>::to_f(e[4 * j]), Cvt<T>::to_f(e[4 * j + 1]),
-              Cvt<T>::to_f(e[4 * j + 2]), Cvt<T>::to_f(e[4 * j + 3]));
-    } else {
-      const float4 q = *reinterpret_cast<const float4*>(&v[it]);
-      put_f(i / KC, i % KC, q.x, q.y, q.z, q.w);
-    }
-  }
-  __syncwarp();
 
-  // ---- six products: rows r0 .. r0 + 3 of the warp's tile, output channels o0, o0 + 1.
-  const int r0 = 4 * (lane / NX), o0 = 2 * (lane % NX);
-  float a0[4][2] = {}, a2[4][2] = {}, aR[4][2] = {}, aI[4][2] = {};
-  #pragma unroll
-  for (int k = 0; k < KC; ++k) {
-    float f[4][4], p[4][2];
-    #pragma unroll
-    for (int g = 0; g < 4; ++g) {
-      const float4 fv = *reinterpret_cast<const float4*>(F + (g * KC + k) * SA + r0);
-      f[g][0] = fv.x; f[g][1] = fv.y; f[g][2] = fv.z; f[g][3] = fv.w;
-      const float2 pp = *reinterpret_cast<const float2*>(P + (g * KC + k) * SP + o0);
-      p[g][0] = pp.x; p[g][1] = pp.y;
-    }
-    #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        a0[i][j] = fmaf(f[0][i], p[0][j], a0[i][j]);
-        aR[i][j] = fmaf(f[1][i], p[1][j], aR[i][j]);
-        aR[i][j] = fmaf(-f[2][i], p[2][j], aR[i][j]);
-        aI[i][j] = fmaf(f[1][i], p[2][j], aI[i][j]);
-        aI[i][j] = fmaf(f[2][i], p[1][j], aI[i][j]);
-        a2[i][j] = fmaf(f[3][i], p[3][j], a2[i][j]);
-      }
-    }
-  }
-
-  // ---- inverse DFT + bias, stores
+  const int r0 = 4 * (lane / NX), o0 = 2 * (lane % NX);  // this lane's rows and output channels
   float bv[2];
   #pragma unroll
   for (int j = 0; j < 2; ++j) bv[j] = (bias != nullptr && o0 + j < d) ? Cvt<T>::to_f(bias[o0 + j]) : 0.f;
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t m = m0 + r0 + i;
-    if (m >= M) break;
-    float out[2][4];
-    #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const float e = 0.5f * (a0[i][j] + a2[i][j]), h = 0.5f * (a0[i][j] - a2[i][j]);
-      const float r = kHalfSqrt2 * aR[i][j], s = kHalfSqrt2 * aI[i][j];
-      out[j][0] = e + r + bv[j];
-      out[j][1] = h - s + bv[j];
-      out[j][2] = e - r + bv[j];
-      out[j][3] = h + s + bv[j];
-    }
-    T* const dst = y + (m * d + o0) * 4;
+
+  for (; tile < num_tiles; tile += stride) {
+    const int64_t m0 = tile * WR;
     if constexpr (kVec) {
-      if (o0 >= d) continue;  // d even: o0 < d implies o0 + 1 < d
-      if constexpr (sizeof(T) == 4) {
-        reinterpret_cast<float4*>(dst)[0] = make_float4(out[0][0], out[0][1], out[0][2], out[0][3]);
-        reinterpret_cast<float4*>(dst)[1] = make_float4(out[1][0], out[1][1], out[1][2], out[1][3]);
-      } else {
-        uint4 packed;
-        T* const e = reinterpret_cast<T*>(&packed);
+      cp_async_wait<0>();
+      #pragma unroll
+      for (int it = 0; it < Cfg::kLoads; ++it) {
+        const int i = lane + 32 * it;
+        const uint4 u = raw[32 * it];
+        const T* e = reinterpret_cast<const T*>(&u);
+        #pragma unroll
+        for (int j = 0; j < QPC; ++j)
+          put_f(i / CPR, (i % CPR) * QPC + j, Cvt<T>::to_f(e[4 * j]), Cvt<T>::to_f(e[4 * j + 1]),
+                Cvt<T>::to_f(e[4 * j + 2]), Cvt<T>::to_f(e[4 * j + 3]));
+      }
+      if (tile + stride < num_tiles) issue_x((tile + stride) * WR);  // slots read: refill them
+    } else {
+      float4 q[Cfg::kQuads];
+      #pragma unroll
+      for (int it = 0; it < Cfg::kQuads; ++it) {
+        const int i = lane + 32 * it, k = i % KC;
+        const int64_t m = m0 + i / KC;
+        q[it] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (m < M && k < c) {
+          const T* src = x + (m * c + k) * 4;
+          q[it] = make_float4(Cvt<T>::to_f(src[0]), Cvt<T>::to_f(src[1]), Cvt<T>::to_f(src[2]),
+                              Cvt<T>::to_f(src[3]));
+        }
+      }
+      #pragma unroll
+      for (int it = 0; it < Cfg::kQuads; ++it) {
+        const int i = lane + 32 * it;
+        put_f(i / KC, i % KC, q[it].x, q[it].y, q[it].z, q[it].w);
+      }
+    }
+    __syncwarp();
+
+    // ---- six products: rows r0 .. r0 + 3 of the warp's tile, output channels o0, o0 + 1.
+    float a0[4][2] = {}, a2[4][2] = {}, aR[4][2] = {}, aI[4][2] = {};
+    #pragma unroll 4  // full unrolling hoists loads of many k steps: registers, spills
+    for (int k = 0; k < KC; ++k) {
+      float f[4][4], p[4][2];
+      #pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        const float4 fv = *reinterpret_cast<const float4*>(F + (g * KC + k) * SA + r0);
+        f[g][0] = fv.x; f[g][1] = fv.y; f[g][2] = fv.z; f[g][3] = fv.w;
+        const float2 pp = *reinterpret_cast<const float2*>(P + (g * KC + k) * SP + o0);
+        p[g][0] = pp.x; p[g][1] = pp.y;
+      }
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) {
         #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          #pragma unroll
-          for (int g = 0; g < 4; ++g) e[4 * j + g] = Cvt<T>::from_f(out[j][g]);
+          a0[i][j] = fmaf(f[0][i], p[0][j], a0[i][j]);
+          aR[i][j] = fmaf(f[1][i], p[1][j], aR[i][j]);
+          aR[i][j] = fmaf(-f[2][i], p[2][j], aR[i][j]);
+          aI[i][j] = fmaf(f[1][i], p[2][j], aI[i][j]);
+          aI[i][j] = fmaf(f[2][i], p[1][j], aI[i][j]);
+          a2[i][j] = fmaf(f[3][i], p[3][j], a2[i][j]);
         }
-        *reinterpret_cast<uint4*>(dst) = packed;
       }
-    } else {
+    }
+    __syncwarp();  // every lane has read F before the next tile's transform overwrites it
+
+    // ---- inverse DFT + bias, stores
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t m = m0 + r0 + i;
+      if (m >= M) break;
+      float out[2][4];
       #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        if (o0 + j >= d) break;
+        const float e = 0.5f * (a0[i][j] + a2[i][j]), h = 0.5f * (a0[i][j] - a2[i][j]);
+        const float r = kHalfSqrt2 * aR[i][j], s = kHalfSqrt2 * aI[i][j];
+        out[j][0] = e + r + bv[j];
+        out[j][1] = h - s + bv[j];
+        out[j][2] = e - r + bv[j];
+        out[j][3] = h + s + bv[j];
+      }
+      T* const dst = y + (m * d + o0) * 4;
+      if constexpr (kVec) {
+        if (o0 >= d) continue;  // d even: o0 < d implies o0 + 1 < d
+        if constexpr (sizeof(T) == 4) {
+          reinterpret_cast<float4*>(dst)[0] = make_float4(out[0][0], out[0][1], out[0][2], out[0][3]);
+          reinterpret_cast<float4*>(dst)[1] = make_float4(out[1][0], out[1][1], out[1][2], out[1][3]);
+        } else {
+          uint4 packed;
+          T* const e = reinterpret_cast<T*>(&packed);
+          #pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            #pragma unroll
+            for (int g = 0; g < 4; ++g) e[4 * j + g] = Cvt<T>::from_f(out[j][g]);
+          }
+          *reinterpret_cast<uint4*>(dst) = packed;
+        }
+      } else {
         #pragma unroll
-        for (int g = 0; g < 4; ++g) dst[4 * j + g] = Cvt<T>::from_f(out[j][g]);
+        for (int j = 0; j < 2; ++j) {
+          if (o0 + j >= d) break;
+          #pragma unroll
+          for (int g = 0; g < 4; ++g) dst[4 * j + g] = Cvt<T>::from_f(out[j][g]);
+        }
       }
     }
   }
@@ -238,8 +257,16 @@ cudaError_t launch(const FwdParams& p, cudaStream_t stream) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
     if (err != cudaSuccess) return err;
   }
-  const int64_t blocks = (p.M + Cfg::BM - 1) / Cfg::BM;
-  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  int dev = 0, sms = 0, smem_sm = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+  if (err != cudaSuccess) return err;
+  // Resident blocks: registers allow kBlocksPerSm (launch bounds), shared memory may allow fewer
+  // (+ 1 KB per block that the driver reserves).
+  int per_sm = std::max(1, std::min(kBlocksPerSm, smem_sm / (Cfg::kSmemBytes + 1024)));
+  if (const char* e = std::getenv("FLASH_EQLINEAR_NARROW_BPS")) per_sm = std::min(per_sm, std::atoi(e));  // TUNING
+  const int64_t blocks = std::min<int64_t>((p.M + Cfg::BM - 1) / Cfg::BM, int64_t(sms) * per_sm);
   kernel<<<unsigned(blocks), kThreads, Cfg::kSmemBytes, stream>>>(
       static_cast<const T*>(p.x), static_cast<const T*>(p.planes), static_cast<const T*>(p.bias),
       static_cast<T*>(p.y), p.M, int(p.c), int(p.d));
