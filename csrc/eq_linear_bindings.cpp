@@ -161,11 +161,11 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
   FwdParams p{xc.data_ptr(), pc.data_ptr(), b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), M, c, d};
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   cudaError_t err = cudaSuccess;
-  const int elem = static_cast<int>(x.element_size());
-  if (eq_linear_fwd_narrow_applies(c, d, elem)) {
-    // Narrow layers (c, d <= 32): one streaming pass in exact FP32 arithmetic, for every dtype and
-    // whatever the TF32 switch (it beats the tensor-core kernels there and is more exact).
-    err = eq_linear_fwd_narrow(p, elem, dtype == at::kBFloat16, stream);
+  const bool tf32 = dtype == at::kFloat && at::globalContext().allowTF32CuBLAS();
+  if (eq_linear_fwd_narrow_applies(c, d, dtype == at::kFloat && !tf32)) {
+    // Narrow layers: one streaming pass in exact FP32 arithmetic, for every dtype (more exact than
+    // the tensor-core kernels, and faster where it is chosen).
+    err = eq_linear_fwd_narrow(p, static_cast<int>(x.element_size()), dtype == at::kBFloat16, stream);
     TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: narrow kernel launch failed (M=", num(M), ", c=", num(c),
                 ", d=", num(d), "): ", cudaGetErrorString(err));
     return y;
@@ -174,7 +174,7 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
     eq_linear_fwd_3xtf32(xc, pc, b, y);
     return y;
   }
-  if (dtype == at::kFloat && at::globalContext().allowTF32CuBLAS()) {
+  if (tf32) {
     // TF32 allowed: the fused Hopper kernel where it applies and wins, else the DFT + cuBLAS form.
     // H100, M = 32768, c = d: fused 0.073 / 0.54 / 1.95 / 7.44 ms at c = 128 / 512 / 1024 / 2048,
     // DFT + cuBLAS 0.17 / 0.74 / 1.91 / 6.17 ms (cuBLAS's TF32 GEMMs outrun the fused kernel's

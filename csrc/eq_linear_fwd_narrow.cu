@@ -2,25 +2,26 @@
 // the math and eq_linear_fwd_narrow.h for when it runs.
 //
 // Why a separate kernel: at c = d = 16 a layer does 6 * 16 * 16 = 1536 MACs per row against 128 (fp32)
-// or 64 (fp16) bytes of x and y, so it is a streaming pass bound by DRAM bandwidth and by how quickly
-// a block gets its first bytes. The tiled kernels pay per-block fixed costs (pipeline fill over
-// k tiles, 64 output channels per tile of which d = 16 uses a quarter) that dominate there.
+// or 64 (fp16) bytes of x and y: a streaming pass. The tiled kernels pay per-tile fixed costs
+// (pipeline fill over k tiles, 64 output channels per tile of which d = 16 uses a quarter, a 128-row
+// SIMT tile whose math is short next to its load latency) that dominate there.
 //
-// Each warp owns WR rows x all d output channels x the whole K = c, independently of the other warps
-// (one block-wide barrier, for the planes): a warp computes as soon as its own rows have arrived, so
-// the math of early warps overlaps the loads of late ones and their stores.
-//   1. Each lane issues all its 16-byte loads of the warp's x rows at once (consecutive lanes read
-//      consecutive chunks of a row: coalesced); the block copies the planes to shared memory as FP32
-//      [g][k][o] (zero-padded to KC x DN); then the warp stores the group DFT of each (row, channel)
-//      quadruple as FP32 [g][k][row] (k-major: the compute loop reads 4 consecutive rows as a float4).
+// Persistent blocks of 4 warps; each warp walks warp tiles of WR rows x all d output channels x the
+// whole K = c on its own (one block-wide barrier, after the planes copy), so one warp's math overlaps
+// other warps' loads and stores, and the next tile's rows load during this tile's math:
+//   0. The block copies the planes to shared memory as FP32 [g][k][o] (zero-padded to KC x DN).
+//   1. The warp's x rows arrive by cp.async in lane-private 16-byte slots (consecutive lanes copy
+//      consecutive chunks of a row: coalesced); each lane stores the group DFT of its quadruples
+//      (row, channel) as FP32 [g][k][row] (k-major: the math reads 4 consecutive rows as a float4),
+//      then issues the copies of the warp's next tile into the freed slots.
 //   2. A lane owns 4 rows x 2 output channels: per k, 4 LDS.128 (f0, fR, fI, f2 of its rows) and
 //      4 LDS.64 (P0, PR, PI, P2 of its channels) feed 48 FFMA into a0, a2, aR, aI.
 //   3. Inverse DFT + bias in registers; the 2 channels x 4 group values of a row are contiguous in
 //      y, so a lane stores 32 (fp32) or 16 (fp16 / bf16) bytes per row, and the NX lanes of a row
 //      cover it contiguously.
 // Arithmetic is FP32 for every element type (the products are exact FP32 FFMA: this is also the
-// exact-FP32 path, whatever the TF32 switch says). Small blocks (4 warps) keep a whole M = 32768
-// layer resident in one wave (no wave-quantization tail) and let larger grids backfill.
+// exact-FP32 path, whatever the TF32 switch says). Unaligned x / y, rows that are not whole 16-byte
+// chunks or odd d take the element path (plain loads at the top of each tile, element stores).
 //
 // Ragged edges: rows >= M and channels >= c are zero in shared memory and never stored; output
 // channels >= d read zero planes and are not stored. Row offsets are 64-bit.
@@ -42,8 +43,9 @@ namespace flash_eqlinear {
 namespace {
 
 constexpr int kThreads = 128;
-// Resident blocks per SM the grid is sized for (each warp then walks several tiles when M is large).
-constexpr int kBlocksPerSm = 4;
+// Blocks per SM the grid is sized for; each warp walks several tiles when M is large. H100,
+// M = 32768, fp32: 2 blocks (8 warps per SM) measured 3-8% faster than 4 at c = d = 16 .. 32.
+constexpr int kBlocksPerSm = 2;
 constexpr float kHalfSqrt2 = 0.70710678118654752440f;
 
 template <class T> struct Cvt;
@@ -265,7 +267,6 @@ cudaError_t launch(const FwdParams& p, cudaStream_t stream) {
   // Resident blocks: registers allow kBlocksPerSm (launch bounds), shared memory may allow fewer
   // (+ 1 KB per block that the driver reserves).
   int per_sm = std::max(1, std::min(kBlocksPerSm, smem_sm / (Cfg::kSmemBytes + 1024)));
-  if (const char* e = std::getenv("FLASH_EQLINEAR_NARROW_BPS")) per_sm = std::min(per_sm, std::atoi(e));  // TUNING
   const int64_t blocks = std::min<int64_t>((p.M + Cfg::BM - 1) / Cfg::BM, int64_t(sms) * per_sm);
   kernel<<<unsigned(blocks), kThreads, Cfg::kSmemBytes, stream>>>(
       static_cast<const T*>(p.x), static_cast<const T*>(p.planes), static_cast<const T*>(p.bias),
@@ -288,12 +289,12 @@ cudaError_t dispatch(const FwdParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-bool eq_linear_fwd_narrow_applies(int64_t c, int64_t d, int elem_bytes) {
+bool eq_linear_fwd_narrow_applies(int64_t c, int64_t d, bool exact_fp32) {
   const char* v = std::getenv("FLASH_EQLINEAR_NARROW");
   if (v != nullptr && std::strcmp(v, "0") == 0) return false;
   if (c < 1 || d < 1 || c > kNarrowMaxC || d > kNarrowMaxC) return false;
   if (v != nullptr && std::strcmp(v, "1") == 0) return true;
-  return elem_bytes == 4 || c * d <= kNarrowMaxCD16;
+  return exact_fp32 || c * d <= kNarrowMaxCDTensorCore;
 }
 
 cudaError_t eq_linear_fwd_narrow(const FwdParams& p, int elem_bytes, bool bf16, cudaStream_t stream) {

@@ -1,6 +1,7 @@
-// Shared device helpers of the tensor-core kernels (forward and weight backward, fp16 / bf16):
-// element-type traits with the mma.sync m16n8k16 wrappers, cp.async / ldmatrix PTX helpers, and the
-// p4 group transform. Everything is in an anonymous namespace: each kernel file has its own copy.
+// Shared device helpers of the tensor-core kernels (forward and weight backward, fp16 / bf16) and the
+// narrow-layer kernel: element-type traits with the mma.sync m16n8k16 wrappers, cp.async / ldmatrix
+// PTX helpers, and the p4 group transform. Everything is in an anonymous namespace: each kernel file
+// has its own copy.
 #pragma once
 
 #include <cstdint>

@@ -126,6 +126,16 @@ def test_forward_narrow(M, c, d, dtype, narrow, monkeypatch):
     check_against_linear(op(x_off, planes, b), x_off, planes, b)
 
 
+@pytest.mark.parametrize("c, d, narrow", [(16, 16, True), (8, 32, True), (32, 32, False), (16, 32, False)])
+def test_narrow_dispatch_under_tf32(c, d, narrow, allow_tf32):
+    # With TF32 allowed the narrow kernel (exact FP32) takes layers up to c * d = 256, the TF32
+    # kernels the rest: the error tells which ran.
+    x, planes, b = make(4097, c, d, torch.float32)
+    y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
+    err = rel_l2(y, fp64_reference(x, planes, b)[0])
+    assert (err < 1e-6) == narrow, err
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_misaligned_views(dtype):
     # x at an 8-byte offset and bias at a 2-byte offset: the vectorised / TMA paths must step aside.
