@@ -251,6 +251,137 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
   }
 }
 
+// ---- fp16 / bf16 with d <= 16: the products on mma.sync m16n8k16 (FP32 accumulation). A warp tile is
+// 16 rows = one m16 block; the A fragments come straight from the raw rows through xform (the group
+// DFT in FP32, rounded once to the element type, halved for fp16's range, as in the tiled kernels);
+// the B fragments (2 n8 tiles x 4 planes x KC / 16 k steps) stay in registers for the whole kernel,
+// so there is no shared-memory copy of the planes and no block barrier. Lane (gid, t) owns rows
+// gid, gid + 8 and output channels 8 j + 2t, 8 j + 2t + 1 (j = 0, 1); the epilogue stores 16 bytes
+// per (row, channel pair). Needs c and d even, x and y 16-byte aligned, planes 4-byte aligned.
+template <class T, int KC>
+struct NarrowMmaCfg {
+  static constexpr int WR = 16;                    // rows per warp tile
+  static constexpr int CPR = KC / 2;               // 16-byte chunks (2 channels) per row
+  static constexpr int KS = KC / 16;               // k16 steps
+  static constexpr int kLoads = WR * CPR / 32;     // chunks per lane
+  static constexpr int kSmemBytes = kThreads / 32 * WR * CPR * 16;
+};
+
+template <class T, int KC>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+eq_linear_fwd_narrow_mma_kernel(const T* __restrict__ x, const T* __restrict__ planes, const T* __restrict__ bias,
+                                T* __restrict__ y, int64_t M, int c, int d) {
+  using Cfg = NarrowMmaCfg<T, KC>;
+  constexpr int WR = Cfg::WR, CPR = Cfg::CPR, KS = Cfg::KS, kWarps = kThreads / 32;
+  extern __shared__ uint4 slots[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, t = lane % 4;
+  uint4* const raw = slots + warp * WR * CPR;  // the warp's rows as 16-byte chunks [r][q]
+  const int64_t num_tiles = (M + WR - 1) / WR, stride = int64_t(gridDim.x) * kWarps;
+  int64_t tile = int64_t(blockIdx.x) * kWarps + warp;
+  const int cpr = c / 2;  // valid chunks per row
+
+  const auto issue_x = [&](int64_t m0) {
+    const T* const xt = x + m0 * c * 4;
+    #pragma unroll
+    for (int it = 0; it < Cfg::kLoads; ++it) {
+      const int i = lane + 32 * it, r = i / CPR, q = i % CPR;
+      cp_async16_zfill(smem_addr(raw + i), xt + (r * c + q * 2) * 4, x, m0 + r < M && q < cpr);
+    }
+    cp_async_commit();
+  };
+  if (tile < num_tiles) issue_x(tile * WR);
+
+  // B fragments: plane g, n tile j, k step s, half h: channels k = 16 s + 8 h + 2t, + 1 of output
+  // channel 8 j + gid (zero past c or d).
+  uint32_t b[KS][2][4][2];
+  #pragma unroll
+  for (int s = 0; s < KS; ++s) {
+    #pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      #pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int o = 8 * j + gid, k = 16 * s + 8 * h + 2 * t;
+          b[s][j][g][h] = (o < d && k < c)
+              ? __ldg(reinterpret_cast<const uint32_t*>(planes + (int64_t(g) * d + o) * c + k)) : 0u;
+        }
+      }
+    }
+  }
+  float bv[2][2];
+  #pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    #pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int o = 8 * j + 2 * t + e;
+      bv[j][e] = (bias != nullptr && o < d) ? Cvt<T>::to_f(bias[o]) : 0.f;
+    }
+  }
+
+  for (; tile < num_tiles; tile += stride) {
+    const int64_t m0 = tile * WR;
+    cp_async_wait<0>();
+    __syncwarp();  // the chunks the other lanes copied are visible
+    // A registers [k step][F0, FR, FI, F2][e]: e = 0..3 are (row gid | gid + 8) x (k 2t | 2t + 8).
+    uint32_t A[KS][4][4];
+    #pragma unroll
+    for (int s = 0; s < KS; ++s) {
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint4 v = raw[(gid + 8 * (e & 1)) * CPR + 8 * s + 4 * (e >> 1) + t];
+        xform<T>(v, A[s][0][e], A[s][1][e], A[s][2][e], A[s][3][e]);
+      }
+    }
+    __syncwarp();  // every lane has read the slots before they are refilled
+    if (tile + stride < num_tiles) issue_x((tile + stride) * WR);
+
+    float acc[4][2][4] = {};  // [a0, a2, aR, aI][n tile][C register]
+    #pragma unroll
+    for (int s = 0; s < KS; ++s) {
+      uint32_t nfi[4];  // -FI: the sign bit of both packed halves
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) nfi[e] = A[s][2][e] ^ 0x80008000u;
+      #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const auto& P = b[s][j];  // P0, PR, PI, P2
+        Elem<T>::mma(acc[0][j], A[s][0], P[0][0], P[0][1]);  // a0 += F0 P0
+        Elem<T>::mma(acc[1][j], A[s][3], P[3][0], P[3][1]);  // a2 += F2 P2
+        Elem<T>::mma(acc[2][j], A[s][1], P[1][0], P[1][1]);  // aR += FR PR
+        Elem<T>::mma(acc[2][j], nfi, P[2][0], P[2][1]);      // aR -= FI PI
+        Elem<T>::mma(acc[3][j], A[s][1], P[2][0], P[2][1]);  // aI += FR PI
+        Elem<T>::mma(acc[3][j], A[s][2], P[1][0], P[1][1]);  // aI += FI PR
+      }
+    }
+    // C registers 2 rr + e: row gid + 8 rr, output channel 8 j + 2t + e.
+    #pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int64_t m = m0 + gid + 8 * rr;
+      if (m >= M) continue;
+      #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int o = 8 * j + 2 * t;
+        if (o >= d) continue;  // d even: o < d implies o + 1 < d
+        uint4 out;
+        const int q0 = 2 * rr, q1 = 2 * rr + 1;
+        inverse_dft4<T>(acc[0][j][q0], acc[1][j][q0], acc[2][j][q0], acc[3][j][q0], bv[j][0], out.x, out.y);
+        inverse_dft4<T>(acc[0][j][q1], acc[1][j][q1], acc[2][j][q1], acc[3][j][q1], bv[j][1], out.z, out.w);
+        *reinterpret_cast<uint4*>(y + (m * d + o) * 4) = out;
+      }
+    }
+  }
+}
+
+template <class T, int KC>
+cudaError_t launch_mma(const FwdParams& p, int64_t max_blocks, cudaStream_t stream) {
+  using Cfg = NarrowMmaCfg<T, KC>;
+  const int64_t blocks = std::min<int64_t>((p.M + kThreads / 2 - 1) / (kThreads / 2), max_blocks);
+  eq_linear_fwd_narrow_mma_kernel<T, KC><<<unsigned(blocks), kThreads, Cfg::kSmemBytes, stream>>>(
+      static_cast<const T*>(p.x), static_cast<const T*>(p.planes), static_cast<const T*>(p.bias),
+      static_cast<T*>(p.y), p.M, int(p.c), int(p.d));
+  return cudaGetLastError();
+}
+
 template <class T, int KC, int DN, bool kVec>
 cudaError_t launch(const FwdParams& p, cudaStream_t stream) {
   using Cfg = NarrowCfg<T, KC, DN>;
@@ -283,6 +414,17 @@ cudaError_t dispatch_vec(const FwdParams& p, cudaStream_t stream) {
 
 template <class T>
 cudaError_t dispatch(const FwdParams& p, cudaStream_t stream) {
+  if constexpr (sizeof(T) == 2) {
+    const auto aligned = [](const void* q, uintptr_t a) { return reinterpret_cast<uintptr_t>(q) % a == 0; };
+    if (p.d <= 16 && p.c % 2 == 0 && p.d % 2 == 0 && aligned(p.x, 16) && aligned(p.y, 16) && aligned(p.planes, 4)) {
+      int dev = 0, sms = 0;
+      cudaError_t err = cudaGetDevice(&dev);
+      if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      if (err != cudaSuccess) return err;
+      const int64_t max_blocks = int64_t(sms) * kBlocksPerSm;  // <= 16 KB of shared memory per block
+      return p.c <= 16 ? launch_mma<T, 16>(p, max_blocks, stream) : launch_mma<T, 32>(p, max_blocks, stream);
+    }
+  }
   if (p.c <= 16) return p.d <= 16 ? dispatch_vec<T, 16, 16>(p, stream) : dispatch_vec<T, 16, 32>(p, stream);
   return p.d <= 16 ? dispatch_vec<T, 32, 16>(p, stream) : dispatch_vec<T, 32, 32>(p, stream);
 }
