@@ -20,7 +20,8 @@
 //      y, so a lane stores 32 (fp32) or 16 (fp16 / bf16) bytes per row, and the NX lanes of a row
 //      cover it contiguously.
 // Arithmetic is FP32 for every element type (the products are exact FP32 FFMA: this is also the
-// exact-FP32 path, whatever the TF32 switch says). Unaligned x / y, rows that are not whole 16-byte
+// exact-FP32 path, whatever the TF32 switch says). fp16 / bf16 layers with d <= 16 take the mma.sync
+// variant further down instead (same walk, the FFMA math was what set their pace). Unaligned x / y, rows that are not whole 16-byte
 // chunks or odd d take the element path (plain loads at the top of each tile, element stores).
 //
 // Ragged edges: rows >= M and channels >= c are zero in shared memory and never stored; output
