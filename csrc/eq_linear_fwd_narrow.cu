@@ -20,9 +20,10 @@
 //      y, so a lane stores 32 (fp32) or 16 (fp16 / bf16) bytes per row, and the NX lanes of a row
 //      cover it contiguously.
 // Arithmetic is FP32 for every element type (the products are exact FP32 FFMA: this is also the
-// exact-FP32 path, whatever the TF32 switch says). fp16 / bf16 layers with d <= 16 take the mma.sync
-// variant further down instead (same walk, the FFMA math was what set their pace). Unaligned x / y, rows that are not whole 16-byte
+// exact-FP32 path, whatever the TF32 switch says). Unaligned x / y, rows that are not whole 16-byte
 // chunks or odd d take the element path (plain loads at the top of each tile, element stores).
+// fp16 / bf16 layers with d <= 16 take the mma.sync variant further down instead (same walk; the
+// FFMA math was what set their pace).
 //
 // Ragged edges: rows >= M and channels >= c are zero in shared memory and never stored; output
 // channels >= d read zero planes and are not stored. Row offsets are 64-bit.
@@ -432,12 +433,13 @@ cudaError_t dispatch(const FwdParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-bool eq_linear_fwd_narrow_applies(int64_t c, int64_t d, bool exact_fp32) {
+bool eq_linear_fwd_narrow_applies(int64_t c, int64_t d, int elem_bytes, bool tf32) {
   const char* v = std::getenv("FLASH_EQLINEAR_NARROW");
   if (v != nullptr && std::strcmp(v, "0") == 0) return false;
   if (c < 1 || d < 1 || c > kNarrowMaxC || d > kNarrowMaxC) return false;
   if (v != nullptr && std::strcmp(v, "1") == 0) return true;
-  return exact_fp32 || c * d <= kNarrowMaxCDTensorCore;
+  if (elem_bytes == 2) return d <= kNarrowMaxD16;
+  return !tf32 || c * d <= kNarrowMaxCDTf32;
 }
 
 cudaError_t eq_linear_fwd_narrow(const FwdParams& p, int elem_bytes, bool bf16, cudaStream_t stream) {
