@@ -253,15 +253,16 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
   }
 }
 
-// ---- fp16 / bf16 with d <= 16: the products on mma.sync m16n8k16 (FP32 accumulation). A warp tile is
+// ---- fp16 / bf16 with d <= 32: the products on mma.sync m16n8k16 (FP32 accumulation). A warp tile is
 // 16 rows = one m16 block; the A fragments come straight from the raw rows through xform (the group
 // DFT in FP32, rounded once to the element type, halved for fp16's range, as in the tiled kernels);
-// the B fragments (2 n8 tiles x 4 planes x KC / 16 k steps) stay in registers for the whole kernel,
-// so there is no shared-memory copy of the planes and no block barrier. Lane (gid, t) owns rows
-// gid, gid + 8 and output channels 8 j + 2t, 8 j + 2t + 1 (j = 0, 1); the epilogue stores 16 bytes
-// per (row, channel pair). Needs c and d even, x and y 16-byte aligned, planes 4-byte aligned.
-template <class T, int KC>
+// the B fragments (NT = DN / 8 n8 tiles x 4 planes x KC / 16 k steps) stay in registers for the whole
+// kernel, so there is no shared-memory copy of the planes and no block barrier. Lane (gid, t) owns rows
+// gid, gid + 8 and output channels 8 j + 2t, 8 j + 2t + 1 (j < NT); the epilogue stores 16 bytes per
+// (row, channel pair). Needs c and d even, x and y 16-byte aligned, planes 4-byte aligned.
+template <class T, int KC, int DN>
 struct NarrowMmaCfg {
+  static constexpr int NT = DN / 8;                // n8 tiles
   static constexpr int WR = 16;                    // rows per warp tile
   static constexpr int CPR = KC / 2;               // 16-byte chunks (2 channels) per row
   static constexpr int KS = KC / 16;               // k16 steps
@@ -269,12 +270,12 @@ struct NarrowMmaCfg {
   static constexpr int kSmemBytes = kThreads / 32 * WR * CPR * 16;
 };
 
-template <class T, int KC>
+template <class T, int KC, int DN>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 eq_linear_fwd_narrow_mma_kernel(const T* __restrict__ x, const T* __restrict__ planes, const T* __restrict__ bias,
                                 T* __restrict__ y, int64_t M, int c, int d) {
-  using Cfg = NarrowMmaCfg<T, KC>;
-  constexpr int WR = Cfg::WR, CPR = Cfg::CPR, KS = Cfg::KS, kWarps = kThreads / 32;
+  using Cfg = NarrowMmaCfg<T, KC, DN>;
+  constexpr int WR = Cfg::WR, CPR = Cfg::CPR, KS = Cfg::KS, NT = Cfg::NT, kWarps = kThreads / 32;
   extern __shared__ uint4 slots[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, t = lane % 4;
   uint4* const raw = slots + warp * WR * CPR;  // the warp's rows as 16-byte chunks [r][q]
@@ -295,11 +296,11 @@ eq_linear_fwd_narrow_mma_kernel(const T* __restrict__ x, const T* __restrict__ p
 
   // B fragments: plane g, n tile j, k step s, half h: channels k = 16 s + 8 h + 2t, + 1 of output
   // channel 8 j + gid (zero past c or d).
-  uint32_t b[KS][2][4][2];
+  uint32_t b[KS][NT][4][2];
   #pragma unroll
   for (int s = 0; s < KS; ++s) {
     #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < NT; ++j) {
       #pragma unroll
       for (int g = 0; g < 4; ++g) {
         #pragma unroll
@@ -311,9 +312,9 @@ eq_linear_fwd_narrow_mma_kernel(const T* __restrict__ x, const T* __restrict__ p
       }
     }
   }
-  float bv[2][2];
+  float bv[NT][2];
   #pragma unroll
-  for (int j = 0; j < 2; ++j) {
+  for (int j = 0; j < NT; ++j) {
     #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int o = 8 * j + 2 * t + e;
@@ -338,14 +339,14 @@ eq_linear_fwd_narrow_mma_kernel(const T* __restrict__ x, const T* __restrict__ p
     __syncwarp();  // every lane has read the slots before they are refilled
     if (tile + stride < num_tiles) issue_x((tile + stride) * WR);
 
-    float acc[4][2][4] = {};  // [a0, a2, aR, aI][n tile][C register]
+    float acc[4][NT][4] = {};  // [a0, a2, aR, aI][n tile][C register]
     #pragma unroll
     for (int s = 0; s < KS; ++s) {
       uint32_t nfi[4];  // -FI: the sign bit of both packed halves
       #pragma unroll
       for (int e = 0; e < 4; ++e) nfi[e] = A[s][2][e] ^ 0x80008000u;
       #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < NT; ++j) {
         const auto& P = b[s][j];  // P0, PR, PI, P2
         Elem<T>::mma(acc[0][j], A[s][0], P[0][0], P[0][1]);  // a0 += F0 P0
         Elem<T>::mma(acc[1][j], A[s][3], P[3][0], P[3][1]);  // a2 += F2 P2
@@ -361,7 +362,7 @@ eq_linear_fwd_narrow_mma_kernel(const T* __restrict__ x, const T* __restrict__ p
       const int64_t m = m0 + gid + 8 * rr;
       if (m >= M) continue;
       #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < NT; ++j) {
         const int o = 8 * j + 2 * t;
         if (o >= d) continue;  // d even: o < d implies o + 1 < d
         uint4 out;
@@ -374,11 +375,11 @@ eq_linear_fwd_narrow_mma_kernel(const T* __restrict__ x, const T* __restrict__ p
   }
 }
 
-template <class T, int KC>
+template <class T, int KC, int DN>
 cudaError_t launch_mma(const FwdParams& p, int64_t max_blocks, cudaStream_t stream) {
-  using Cfg = NarrowMmaCfg<T, KC>;
+  using Cfg = NarrowMmaCfg<T, KC, DN>;
   const int64_t blocks = std::min<int64_t>((p.M + kThreads / 2 - 1) / (kThreads / 2), max_blocks);
-  eq_linear_fwd_narrow_mma_kernel<T, KC><<<unsigned(blocks), kThreads, Cfg::kSmemBytes, stream>>>(
+  eq_linear_fwd_narrow_mma_kernel<T, KC, DN><<<unsigned(blocks), kThreads, Cfg::kSmemBytes, stream>>>(
       static_cast<const T*>(p.x), static_cast<const T*>(p.planes), static_cast<const T*>(p.bias),
       static_cast<T*>(p.y), p.M, int(p.c), int(p.d));
   return cudaGetLastError();
@@ -418,13 +419,15 @@ template <class T>
 cudaError_t dispatch(const FwdParams& p, cudaStream_t stream) {
   if constexpr (sizeof(T) == 2) {
     const auto aligned = [](const void* q, uintptr_t a) { return reinterpret_cast<uintptr_t>(q) % a == 0; };
-    if (p.d <= 16 && p.c % 2 == 0 && p.d % 2 == 0 && aligned(p.x, 16) && aligned(p.y, 16) && aligned(p.planes, 4)) {
+    if (p.c % 2 == 0 && p.d % 2 == 0 && aligned(p.x, 16) && aligned(p.y, 16) && aligned(p.planes, 4)) {
       int dev = 0, sms = 0;
       cudaError_t err = cudaGetDevice(&dev);
       if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
       if (err != cudaSuccess) return err;
       const int64_t max_blocks = int64_t(sms) * kBlocksPerSm;  // <= 16 KB of shared memory per block
-      return p.c <= 16 ? launch_mma<T, 16>(p, max_blocks, stream) : launch_mma<T, 32>(p, max_blocks, stream);
+      if (p.d <= 16)
+        return p.c <= 16 ? launch_mma<T, 16, 16>(p, max_blocks, stream) : launch_mma<T, 32, 16>(p, max_blocks, stream);
+      return p.c <= 16 ? launch_mma<T, 16, 32>(p, max_blocks, stream) : launch_mma<T, 32, 32>(p, max_blocks, stream);
     }
   }
   if (p.c <= 16) return p.d <= 16 ? dispatch_vec<T, 16, 16>(p, stream) : dispatch_vec<T, 16, 32>(p, stream);

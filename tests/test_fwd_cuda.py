@@ -100,9 +100,10 @@ def test_forward_each_path(M, c, d, dtype, path, monkeypatch):
 
 
 # Shapes of the narrow kernel (c, d <= 32): both warp tiles (d <= 16: 16 rows, else 8), both K widths
-# (c <= 16, else 32), c and d odd, ragged M.
+# (c <= 16, else 32), c and d odd (the FFMA variant for fp16 / bf16 too), ragged M.
 NARROW_SHAPES = [(1, 1, 1), (7, 3, 5), (129, 16, 16), (4097, 16, 8), (300, 7, 32), (1000, 32, 32)]
 NARROW_SHAPES += [(257, 20, 31), (513, 32, 16), (65, 2, 2), (4097, 8, 14)]  # fp16 / bf16 d <= 16: mma.sync
+NARROW_SHAPES += [(129, 16, 32), (77, 6, 24)]  # fp16 / bf16 mma.sync with four n8 tiles
 
 
 @pytest.mark.parametrize("narrow", [True, False], ids=["narrow", "tiled"])
