@@ -162,7 +162,7 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   cudaError_t err = cudaSuccess;
   const bool tf32 = dtype == at::kFloat && at::globalContext().allowTF32CuBLAS();
-  if (eq_linear_fwd_narrow_applies(c, d, static_cast<int>(x.element_size()), tf32)) {
+  if (eq_linear_fwd_narrow_applies(p, static_cast<int>(x.element_size()), tf32)) {
     // Narrow layers: one streaming pass (FP32 in exact arithmetic also where TF32 is allowed).
     err = eq_linear_fwd_narrow(p, static_cast<int>(x.element_size()), dtype == at::kBFloat16, stream);
     TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: narrow kernel launch failed (M=", num(M), ", c=", num(c),

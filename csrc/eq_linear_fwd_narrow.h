@@ -1,5 +1,5 @@
-// Forward for narrow layers (c, d <= 32): one streaming pass; exact FP32 FFMA, or for fp16 / bf16 with
-// d <= 16 mma.sync (eq_linear_fwd_narrow.cu). Layouts and math: eq_linear_fwd.h.
+// Forward for narrow layers (c, d <= 32): one streaming pass; exact FP32 FFMA, or mma.sync for fp16 /
+// bf16 (eq_linear_fwd_narrow.cu). Layouts and math: eq_linear_fwd.h.
 #pragma once
 
 #include <cstdint>
@@ -9,19 +9,20 @@
 
 namespace flash_eqlinear {
 
-// Largest c and d the narrow kernel takes (exact FP32 runs it for all of them); fp16 / bf16 run it
-// for d <= 16 (its mma.sync variant), FP32 with TF32 allowed for c * d <= 256. H100, M = 32768
-// (benchmarks/bench_narrow.py, against the tiled kernels): exact FP32 c = d = 16 / 32: 8.4 / 19.0 us
-// against 19.4 / 27.1; fp16 (c, d) = (16, 16) / (32, 16): 4.6 / 6.7 us against 8.6 / 8.3, but (16, 32):
-// 11.5 against 8.3 (FFMA variant); TF32 (16, 16): 8.3 against 10.9, (32, 16): 13.6 against 13.2.
+// Largest c and d the narrow kernel takes (exact FP32 runs it for all of them). fp16 / bf16 run it for
+// all of them on its mma.sync variant (c, d even, x / y 16-byte aligned), else on its FFMA variant for
+// d <= 16; FP32 with TF32 allowed for c * d <= 256. H100, M = 32768 (benchmarks/bench_narrow.py,
+// against the tiled kernels): exact FP32 c = d = 16 / 32: 8.3 / 18.6 us against 19.4 / 27.2; fp16
+// (mma) c = d = 16 / 32: 4.2 / 7.5 us against about 8.5; fp16 (FFMA) c = d = 16: 8.1 against 8.4, but
+// c = 16, d = 32: 11.5 against 8.6; TF32 (16, 16): 8.3 against 10.8, (32, 16): 13.4 against 13.1.
 constexpr int64_t kNarrowMaxC = 32;
-constexpr int64_t kNarrowMaxD16 = 16;
+constexpr int64_t kNarrowMaxDFfma16 = 16;
 constexpr int64_t kNarrowMaxCDTf32 = 16 * 16;
 
-// Whether the forward of a layer of this size runs the narrow kernel (elem_bytes 4: float, 2: half /
-// bfloat16; tf32: float with TF32 allowed). FLASH_EQLINEAR_NARROW=0: never (to test the other kernels
-// on small layers); =1: whenever c, d <= 32 (to test and time it beyond those limits).
-bool eq_linear_fwd_narrow_applies(int64_t c, int64_t d, int elem_bytes, bool tf32);
+// Whether the forward of a layer with these params runs the narrow kernel (elem_bytes 4: float, 2:
+// half / bfloat16; tf32: float with TF32 allowed). FLASH_EQLINEAR_NARROW=0: never (to test the other
+// kernels on small layers); =1: whenever c, d <= 32 (to test and time it beyond those limits).
+bool eq_linear_fwd_narrow_applies(const FwdParams& p, int elem_bytes, bool tf32);
 
 // One launch on `stream` (any alignment; any M >= 0). cudaErrorInvalidValue outside c, d <= 32.
 cudaError_t eq_linear_fwd_narrow(const FwdParams& p, int elem_bytes, bool bf16, cudaStream_t stream);
