@@ -382,7 +382,8 @@ eq_linear_fwd_narrow_mma_kernel(const T* __restrict__ x, const T* __restrict__ p
 template <class T, int KC, int DN>
 cudaError_t launch_mma(const FwdParams& p, int sms, cudaStream_t stream) {
   using Cfg = NarrowMmaCfg<T, KC, DN>;
-  const int64_t blocks = std::min<int64_t>((p.M + kThreads / 2 - 1) / (kThreads / 2), sms * int64_t(Cfg::kBlocks));
+  constexpr int kRowsPerBlock = Cfg::WR * (kThreads / 32);
+  const int64_t blocks = std::min<int64_t>((p.M + kRowsPerBlock - 1) / kRowsPerBlock, sms * int64_t(Cfg::kBlocks));
   eq_linear_fwd_narrow_mma_kernel<T, KC, DN><<<unsigned(blocks), kThreads, Cfg::kSmemBytes, stream>>>(
       static_cast<const T*>(p.x), static_cast<const T*>(p.planes), static_cast<const T*>(p.bias),
       static_cast<T*>(p.y), p.M, int(p.c), int(p.d));
