@@ -38,6 +38,28 @@ void check_device_supported(const at::Tensor& t) {
               ". Set FLASH_EQLINEAR_BACKEND=reference to use the pure-PyTorch path.");
 }
 
+// x itself when 16-byte aligned (the group DFT kernels read float4 rows), else an aligned copy.
+at::Tensor aligned16(const at::Tensor& x) {
+  return reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 ? x : x.clone();
+}
+
+// [[PR, -PI], [PI, PR]] (2d, 2c) of planes (4, d, c): the complex plane product as one real GEMM,
+// [aR | aI] = [fR | fI] [[PR, -PI], [PI, PR]]^T.
+at::Tensor complex_block(const at::Tensor& p) {
+  const at::Tensor pr = p.select(0, 1), pi = p.select(0, 2);
+  return at::cat({at::cat({pr, pi.neg()}, 1), at::cat({pi, pr}, 1)});
+}
+
+// y (M, d, 4) = inverse DFT of a (M, 4d) column blocks [a0 | a2 | aR | aI] + bias (FP32): the last
+// pass of the TF32 and 3xTF32 forwards; `what` names the caller in the error.
+void inverse_dft_into(const at::Tensor& a, const at::Tensor& bias, at::Tensor& y, const char* what) {
+  const int64_t M = a.size(0), d = a.size(1) / 4;
+  GroupIdftParams ip{a.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(),
+                     M, d, 4 * d};
+  const cudaError_t err = eq_group_idft_fp32(ip, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd (", what, "): inverse DFT failed: ", cudaGetErrorString(err));
+}
+
 // FP32 forward on tensor cores when PyTorch allows TF32 for matmuls (the switch F.linear follows) and
 // the fused Hopper kernel does not apply (other GPUs, FLASH_EQLINEAR_SM90=0, shapes) or is slower
 // (large layers): the group DFT of x into column blocks [f0 | f2 | fR | fI] of one (M, 4c) buffer,
@@ -49,7 +71,7 @@ void check_device_supported(const at::Tensor& t) {
 void eq_linear_fwd_tf32(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y) {
   const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const at::Tensor xs = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 ? x : x.clone();  // DFT: float4 rows
+  const at::Tensor xs = aligned16(x);
   at::Tensor xf = at::empty({M, 4 * c}, x.options());
   GroupDftParams dp{xs.data_ptr(), xf.data_ptr(), M, c, false, true};
   cudaError_t err = eq_group_dft(dp, 4, false, stream);
@@ -59,14 +81,10 @@ void eq_linear_fwd_tf32(const at::Tensor& x, const at::Tensor& planes, const at:
     at::Tensor out = a.narrow(1, col, n);
     at::mm_out(out, xf.narrow(1, fcol, k), w.t());
   };
-  const at::Tensor pr = planes.select(0, 1), pi = planes.select(0, 2);
   mm(0, d, 0, c, planes.select(0, 0));
   mm(d, d, c, c, planes.select(0, 3));
-  mm(2 * d, 2 * d, 2 * c, 2 * c, at::cat({at::cat({pr, pi.neg()}, 1), at::cat({pi, pr}, 1)}));
-  GroupIdftParams ip{a.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(),
-                     M, d, 4 * d};
-  err = eq_group_idft_fp32(ip, stream);
-  TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd (tf32): inverse DFT failed: ", cudaGetErrorString(err));
+  mm(2 * d, 2 * d, 2 * c, 2 * c, complex_block(planes));
+  inverse_dft_into(a, bias, y, "tf32");
 }
 
 // Opt-in split-precision FP32 (FLASH_EQLINEAR_FP32=3xtf32): x's Fourier planes and the weight planes
@@ -94,16 +112,13 @@ struct Tf32Scope {
 void eq_linear_fwd_3xtf32(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y) {
   const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const at::Tensor xs = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 ? x : x.clone();
+  const at::Tensor xs = aligned16(x);
   at::Tensor xf = at::empty({M, 8 * c}, x.options());  // [f0 h|f0 l|f2 h|f2 l|fR h|fI h|fR l|fI l]
   cudaError_t err = eq_group_dft_split_fp32(xs.data_ptr<float>(), xf.data_ptr<float>(), M, c, stream);
   TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd (3xtf32): group DFT failed: ", cudaGetErrorString(err));
   // Planes: hi = rounded to TF32 (to nearest, ties away: +0x1000 then clear the 13 low bits), lo = rest.
   const at::Tensor hi = at::bitwise_and(planes.view(at::kInt) + 0x1000, -8192).view(at::kFloat);
   const at::Tensor lo = planes - hi;
-  const auto cplx = [](const at::Tensor& p) {  // [[PR, -PI], [PI, PR]] (2d, 2c)
-    return at::cat({at::cat({p.select(0, 1), p.select(0, 2).neg()}, 1), at::cat({p.select(0, 2), p.select(0, 1)}, 1)});
-  };
   at::Tensor a = at::empty({M, 4 * d}, x.options());
   {
     const Tf32Scope tf32;
@@ -116,12 +131,9 @@ void eq_linear_fwd_3xtf32(const at::Tensor& x, const at::Tensor& planes, const a
     };
     product(0, d, 0, c, hi.select(0, 0), lo.select(0, 0));
     product(d, d, 2 * c, c, hi.select(0, 3), lo.select(0, 3));
-    product(2 * d, 2 * d, 4 * c, 2 * c, cplx(hi), cplx(lo));
+    product(2 * d, 2 * d, 4 * c, 2 * c, complex_block(hi), complex_block(lo));
   }
-  GroupIdftParams ip{a.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(),
-                     M, d, 4 * d};
-  err = eq_group_idft_fp32(ip, stream);
-  TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd (3xtf32): inverse DFT failed: ", cudaGetErrorString(err));
+  inverse_dft_into(a, bias, y, "3xtf32");
 }
 
 // x (M, 4c), planes (4, d, c), bias (d,) or None -> y (M, 4d); all one dtype, on one CUDA device.
