@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build, GPU tests, compute-sanitizer, benchmarks on a CUDA machine; full logs under $OUT
 # (default /tmp/out), a short summary last.
-# Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-bwd] [net] [bench-quick] [narrow]
+# Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-bwd] [profile-bwd] [net] [bench-quick] [narrow]
 # (default: build test sanitize bench)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -36,8 +36,14 @@ if has bench; then
   tail -30 "$OUT/bench.log"
 fi
 if has bench-bwd; then
-  python3 benchmarks/bench_op.py --direction bwd >"$OUT/bench_bwd.log" 2>&1; summary+=("bench-bwd rc=$?")
+  # BENCH_BWD_ARGS: e.g. "--dtypes fp16,bf16 --cs 512,1024,2048"
+  python3 benchmarks/bench_op.py --direction bwd ${BENCH_BWD_ARGS:-} >"$OUT/bench_bwd.log" 2>&1
+  summary+=("bench-bwd rc=$?")
   grep "c=" "$OUT/bench_bwd.log"
+fi
+if has profile-bwd; then
+  python3 benchmarks/profile_bwd.py --cs 512,1024 >"$OUT/profile_bwd.log" 2>&1; summary+=("profile-bwd rc=$?")
+  cat "$OUT/profile_bwd.log"
 fi
 if has net; then  # the ViT part of the network benchmark (the Swin results do not depend on fp16 kernels)
   python3 benchmarks/bench_network.py --models vit --scales B,L,H --dtypes fp32,tf32,fp16 >"$OUT/net.log" 2>&1

@@ -3,8 +3,9 @@
 python benchmarks/profile_bwd.py [--dtypes fp16,bf16] [--cs 512,1024,2048] [--rows 32768] [--cpu]
 
 Per (dtype, c), C = D = 4c, milliseconds: F.linear's forward and its two backward GEMMs, our
-grad_x (the forward kernel on the adjoint planes), the fused weight-gradient kernel, the GEMM
-form's parts (both group DFTs, the plane GEMMs) and the whole weight gradient per mode.
+grad_x (the forward kernel on the adjoint planes; gx_port: without the Hopper kernels), the fused
+weight-gradient kernel, the GEMM form's parts (both group DFTs, the plane GEMMs), the whole weight
+gradient per mode and the whole backward op (bwd_port: without the Hopper kernels).
 --cpu: the host (Python + dispatch) microseconds per call of the eager backward and its parts.
 """
 
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_op import graphed  # noqa: E402
+from bench_op import graphed, portable  # noqa: E402
 from common import bench  # noqa: E402
 
 import flash_eqlinear as fe  # noqa: E402
@@ -44,6 +45,8 @@ def case(dt, M: int, c: int) -> dict:
     xf = eqf.eq_group_dft(x, True, False)[0]
     gf = eqf.eq_group_dft(gy, False, True)[0]
 
+    all_grads = (True, True, True, True)  # needs_x, needs_p, needs_b, gemm
+
     def gemms():
         g_ri = gf[2:4].reshape(2 * M, c).t()
         return (
@@ -59,11 +62,14 @@ def case(dt, M: int, c: int) -> dict:
         "naive_fwd": timed(lambda x: reference.naive_eq_linear(x, w, None, 4, idx), x),
         "lin_bwd": timed(lambda g, x: (g @ W, g.t() @ x, g.sum(0)), gy, x),
         "gx": timed(lambda g: eqf.eq_linear_fwd(g, adj, None), gy),
+        "gx_port": timed(lambda g: portable(eqf.eq_linear_fwd, g, adj, None), gy),
         "gw_fused": timed(eqf.eq_linear_bwd_weight, x, gy),
         "gw_gemm": timed(lambda x, g: eqf.eq_linear_bwd(g, x, planes, False, True, True, True), x, gy),
         "dft_x": timed(lambda x: eqf.eq_group_dft(x, True, False), x),
         "dft_gy": timed(lambda g: eqf.eq_group_dft(g, False, True), gy),
         "gemms": timed(gemms),
+        "bwd_op": timed(lambda x, g: eqf.eq_linear_bwd(g, x, planes, *all_grads), x, gy),
+        "bwd_port": timed(lambda x, g: portable(eqf.eq_linear_bwd, g, x, planes, *all_grads), x, gy),
     }
 
 
