@@ -10,6 +10,7 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from . import reference
 from .fourier import check_group_size, naive_to_planes, planes_to_naive
@@ -120,6 +121,12 @@ class NaiveEQLinear(_EQLinearBase):
     """Baseline EQ-Linear: expands the block-circulant (D, C) weight and calls F.linear.
 
     Parameters: ``weight`` (d, c, T) group-domain weight, ``bias`` (d,) shared by the T copies.
+
+    In eval mode, when no gradient of the weight is being recorded (inference), the expanded weight
+    is kept and reused until the weight changes, as equivariant convolution libraries do with their
+    expanded filters: an in-place update through torch (optimizer step, ``copy_``, ``load_state_dict``)
+    or a new tensor invalidates it; writes through ``weight.data`` are not seen (call ``.eval()``
+    again after them). It costs one (D, C) tensor per layer and is never saved or pickled.
     """
 
     _layout = "group"
@@ -129,13 +136,45 @@ class NaiveEQLinear(_EQLinearBase):
         # The (T, T) tap index of the expansion, kept on the weight's device (not in state_dict).
         idx = reference.circulant_index(self.group_size, device)
         self.register_buffer("circulant_index", idx, persistent=False)
+        self._dense_cache: tuple | None = None
 
     def naive_weight(self) -> torch.Tensor:
         return self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, w, b = autocast_inputs(x, self.weight, self.bias)
-        return reference.naive_eq_linear(x, w, b, self.group_size, self.circulant_index)
+        if self.training or torch.compiler.is_compiling() or (torch.is_grad_enabled() and w.requires_grad):
+            return reference.naive_eq_linear(x, w, b, self.group_size, self.circulant_index)
+        dense = self._cached_dense(w)
+        if b is not None:
+            b = b[:, None].expand(-1, self.group_size).reshape(-1)
+        return F.linear(x, dense, b)
+
+    def _cached_dense(self, w: torch.Tensor) -> torch.Tensor:
+        """The dense weight of ``w`` (the weight, possibly cast by autocast), reused while the
+        weight's storage, version, the cast dtype and the inference-mode state are unchanged."""
+        p = self.weight
+        key = (p.data_ptr(), p._version, w.dtype, w.device, torch.is_inference_mode_enabled())
+        cache = self._dense_cache
+        if cache is not None and cache[1] == key:
+            return cache[2]
+        dense = reference.dense_weight(w.detach(), self.circulant_index)
+        # The alias keeps the weight's storage alive, so its address cannot be reused by another.
+        self._dense_cache = (p.detach(), key, dense)
+        return dense
+
+    def train(self, mode: bool = True):
+        self._dense_cache = None
+        return super().train(mode)
+
+    def _apply(self, fn, recurse=True):
+        self._dense_cache = None
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self):
+        state = dict(super().__getstate__())  # a copy: the live module keeps its cache
+        state["_dense_cache"] = None
+        return state
 
 
 class FlashEQLinear(_EQLinearBase):

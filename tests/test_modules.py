@@ -536,3 +536,132 @@ def test_autocast_does_not_cast_integer_weights(gen):
     x = torch.randn(2, 16, generator=gen)
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(TypeError, match="floating"):
         fe.flash_eq_linear(x, torch.ones(4, 3, 4, dtype=torch.int64), None, 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# NaiveEQLinear: the expanded weight is reused in inference, and only there
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def count_expansions(monkeypatch):
+    """Counts calls of reference.dense_weight (the expansion) made through the naive layer."""
+    calls = []
+    real = fe.reference.dense_weight
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fe.reference, "dense_weight", counted)
+    return calls
+
+
+def _expect(layer, x):
+    w, b = layer.weight.detach(), layer.bias
+    return loop_eq_linear(x, w, None if b is None else b.detach())
+
+
+@pytest.mark.parametrize("ctx", [torch.no_grad, torch.inference_mode])
+def test_naive_inference_reuses_expansion(ctx, count_expansions, gen):
+    layer = fe.NaiveEQLinear(12, 8, dtype=F64).eval()
+    x = torch.randn(5, 12, generator=gen, dtype=F64)
+    with ctx():
+        y1, y2 = layer(x), layer(x)
+    assert len(count_expansions) == 1
+    torch.testing.assert_close(y1, y2, rtol=0, atol=0)
+    assert rel_l2(y1, _expect(layer, x)) < 1e-13
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        lambda m: m.weight.mul_(-2.0),
+        lambda m: m.weight.copy_(torch.randn_like(m.weight)),
+        lambda m: m.load_state_dict(fe.NaiveEQLinear(12, 8, dtype=F64).state_dict()),
+        lambda m: setattr(m, "weight", nn.Parameter(torch.randn_like(m.weight))),
+        lambda m: m.eval(),  # after a write through .data the documented refresh
+    ],
+    ids=["mul_", "copy_", "load_state_dict", "new_parameter", "eval_after_data_write"],
+)
+def test_naive_cache_follows_weight_updates(update, gen):
+    layer = fe.NaiveEQLinear(12, 8, dtype=F64).eval()
+    x = torch.randn(5, 12, generator=gen, dtype=F64)
+    with torch.no_grad():
+        layer(x)
+        layer.weight.data.add_(1.0)  # invisible to the version check: only eval() refreshes after it
+        update(layer)
+        assert rel_l2(layer(x), _expect(layer, x)) < 1e-13
+
+
+def test_naive_cache_follows_optimizer_step(gen):
+    layer = fe.NaiveEQLinear(12, 8, dtype=F64)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.5)
+    x = torch.randn(5, 12, generator=gen, dtype=F64)
+    for _ in range(3):
+        layer.eval()
+        with torch.no_grad():
+            assert rel_l2(layer(x), _expect(layer, x)) < 1e-13
+        layer.train()
+        opt.zero_grad()
+        layer(x).square().sum().backward()
+        opt.step()
+        with torch.no_grad():  # eval mode was left: the step is seen on the next eval pass too
+            layer.eval()
+            assert rel_l2(layer(x), _expect(layer, x)) < 1e-13
+
+
+def test_naive_no_cache_in_training_or_with_weight_grad(count_expansions, gen):
+    layer = fe.NaiveEQLinear(12, 8, dtype=F64)
+    x = torch.randn(5, 12, generator=gen, dtype=F64)
+    with torch.no_grad():
+        layer(x), layer(x)  # training mode: expanded per call
+    assert len(count_expansions) == 2
+    layer.eval()
+    y = layer(x)  # grad enabled and the weight requires it: expanded per call, gradients flow
+    layer(x)
+    assert len(count_expansions) == 4 and layer._dense_cache is None
+    y.sum().backward()
+    assert layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
+
+
+def test_naive_cache_frozen_weight_input_grad(gen):
+    """Eval mode, frozen weight, gradient w.r.t. the input (saliency): the cached path is differentiable
+    in x, also when the cache was filled under inference_mode."""
+    layer = fe.NaiveEQLinear(12, 8, dtype=F64).eval().requires_grad_(False)
+    with torch.inference_mode():
+        layer(torch.randn(2, 12, dtype=F64))
+    x = torch.randn(5, 12, generator=gen, dtype=F64, requires_grad=True)
+    y = layer(x)
+    (gx,) = torch.autograd.grad(y.square().sum(), x)
+    xr = x.detach().requires_grad_()
+    (gr,) = torch.autograd.grad(_expect(layer, xr).square().sum(), xr)
+    torch.testing.assert_close(gx, gr, rtol=1e-12, atol=1e-12)
+
+
+def test_naive_cache_dtype_changes(gen):
+    layer = fe.NaiveEQLinear(12, 8, dtype=F64).eval()
+    x = torch.randn(5, 12, generator=gen, dtype=F64)
+    with torch.no_grad():
+        layer(x)
+        layer.float()
+        y32 = layer(x.float())
+        assert y32.dtype == torch.float32
+        assert rel_l2(y32.double(), _expect(layer, x.float()).double()) < 1e-6
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            yb = layer(x.float())
+        assert yb.dtype == torch.bfloat16
+        assert layer._dense_cache[2].dtype == torch.bfloat16
+
+
+def test_naive_cache_not_pickled(gen):
+    import io
+
+    layer = fe.NaiveEQLinear(12, 8, dtype=F64).eval()
+    with torch.no_grad():
+        layer(torch.randn(2, 12, generator=gen, dtype=F64))
+    buf = io.BytesIO()
+    torch.save(layer, buf)
+    assert layer._dense_cache is not None
+    buf.seek(0)
+    assert torch.load(buf, weights_only=False)._dense_cache is None
