@@ -5,7 +5,8 @@ python benchmarks/profile_bwd.py [--dtypes fp16,bf16] [--cs 512,1024,2048] [--ro
 Per (dtype, c), C = D = 4c, milliseconds: F.linear's forward and its two backward GEMMs, our
 grad_x (the forward kernel on the adjoint planes; gx_port: without the Hopper kernels), the fused
 weight-gradient kernel, the GEMM form's parts (both group DFTs, the plane GEMMs), the whole weight
-gradient per mode and the whole backward op (bwd_port: without the Hopper kernels).
+gradient per mode and the whole backward op (bwd_port: without the Hopper kernels); and, without
+graphs, the eager autograd backward of F.linear and of the layer (lin_bwd_eager, bwd_eager).
 --cpu: the host (Python + dispatch) microseconds per call of the eager backward and its parts.
 """
 
@@ -56,7 +57,19 @@ def case(dt, M: int, c: int) -> dict:
             gf[1].t() @ xf[1],
         )
 
+    # The eager autograd backward of the layer and of F.linear (no graphs: what bench_op.py times),
+    # next to the graphed parts above, shows what the eager path adds.
+    xr, pr = x.clone().requires_grad_(), planes.clone().requires_grad_()
+    br = torch.zeros(c, device="cuda", dtype=dt, requires_grad=True)
+    Wr, Br = W.clone().requires_grad_(), torch.zeros(4 * c, device="cuda", dtype=dt, requires_grad=True)
+    y_flash, y_lin = fe.flash_eq_linear(xr, pr, br), F.linear(xr, Wr, Br)
+
+    def eager(y, inputs):
+        return bench(lambda: torch.autograd.grad(y, inputs, gy, retain_graph=True), [()], 0.2, 50)
+
     return {
+        "lin_bwd_eager": eager(y_lin, (xr, Wr, Br)),
+        "bwd_eager": eager(y_flash, (xr, pr, br)),
         "expand": timed(lambda w: reference.dense_weight(w, idx), w),
         "lin_fwd": timed(F.linear, x, W),
         "naive_fwd": timed(lambda x: reference.naive_eq_linear(x, w, None, 4, idx), x),
