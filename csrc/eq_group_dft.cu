@@ -9,6 +9,7 @@
 
 #include "eq_group_dft.h"
 #include "eq_linear_bwd_weight_split.cuh"  // split::from_float
+#include "eq_p4_transform.cuh"
 
 namespace flash_eqlinear {
 namespace {
@@ -52,8 +53,8 @@ __global__ void __launch_bounds__(256) group_dft_kernel(const Quad<T>* __restric
 #pragma unroll
     for (int j = 0; j < kC; ++j) {
       const float x0 = to_f(q[j].v[0]), x1 = to_f(q[j].v[1]), x2 = to_f(q[j].v[2]), x3 = to_f(q[j].v[3]);
-      const float s02 = x0 + x2, s13 = x1 + x3;
-      const float f0 = s02 + s13, f2 = s02 - s13, fr = x0 - x2, fi = x3 - x1;
+      float f0, fr, fi, f2;
+      dft4<false>(x0, x1, x2, x3, f0, fr, fi, f2);
       acc[j] += f0;
       using split::from_float;
       if constexpr (kInput) {  // [f0/2, f2/2, -fI/sqrt2, fR/sqrt2, fI/sqrt2]
@@ -155,16 +156,13 @@ cudaError_t launch(const GroupDftParams& p, cudaStream_t stream) {
 
 // One thread per (row, output channel): four coalesced column-block loads, one 16-byte store.
 __global__ void __launch_bounds__(256) group_idft_kernel(GroupIdftParams p) {
-  constexpr float kH = 0.70710678118654752f;
   const int64_t total = p.M * p.d;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
     const int64_t m = e / p.d, o = e - m * p.d;
     const float* row = p.a + m * p.lda + o;
-    const float a0 = 0.5f * row[0], a2 = 0.5f * row[p.d], ar = kH * row[2 * p.d], ai = kH * row[3 * p.d];
     const float b = p.bias != nullptr ? p.bias[o] : 0.f;
-    const float s = a0 + a2 + b, t = a0 - a2 + b;
-    reinterpret_cast<float4*>(p.y)[e] = make_float4(s + ar, t - ai, s - ar, t + ai);
+    reinterpret_cast<float4*>(p.y)[e] = inverse_dft4_f32(row[0], row[p.d], row[2 * p.d], row[3 * p.d], b);
   }
 }
 
@@ -181,8 +179,8 @@ __global__ void __launch_bounds__(256) group_dft_split_kernel(const float4* __re
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
     const int64_t m = e / c, ci = e - m * c;
     const float4 q = x[e];
-    const float s02 = q.x + q.z, s13 = q.y + q.w;
-    const float f[4] = {s02 + s13, s02 - s13, q.x - q.z, q.w - q.y};  // f0, f2, fR, fI
+    float f[4];  // f0, f2, fR, fI
+    dft4<false>(q.x, q.y, q.z, q.w, f[0], f[2], f[3], f[1]);
     constexpr int kHi[4] = {0, 2, 4, 5}, kLo[4] = {1, 3, 6, 7};
     float* row = dst + m * 8 * c + ci;
 #pragma unroll

@@ -42,6 +42,7 @@
 
 #include "eq_linear_bwd_weight.h"
 #include "eq_linear_bwd_weight_split.cuh"
+#include "eq_p4_transform.cuh"
 
 namespace flash_eqlinear {
 namespace {
@@ -181,13 +182,13 @@ eq_linear_bwd_weight_fp32_kernel(const float* __restrict__ x, const float* __res
     #pragma unroll
     for (int i = 0; i < GL; ++i) {
       const float4 v = raw[i * Cfg::kThreads];
-      const float s02 = v.x + v.z, s13 = v.y + v.w;
-      const float g0 = s02 + s13;
+      float g0, gr, gi, g2;
+      dft4<false>(v.x, v.y, v.z, v.w, g0, gr, gi, g2);
       float* const a = A + i * GRS * BD;
-      a[0 * BK * BD] = g0;         // g0
-      a[1 * BK * BD] = v.x - v.z;  // gR
-      a[2 * BK * BD] = v.w - v.y;  // gI
-      a[3 * BK * BD] = s02 - s13;  // g2
+      a[0 * BK * BD] = g0;
+      a[1 * BK * BD] = gr;
+      a[2 * BK * BD] = gi;
+      a[3 * BK * BD] = g2;
       bsum += g0;
     }
     float* const B = Bs + buf * Cfg::kBStage + xk * BC + xc;

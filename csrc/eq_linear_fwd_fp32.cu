@@ -37,6 +37,7 @@
 #include <cuda_runtime.h>
 
 #include "eq_linear_fwd.h"
+#include "eq_p4_transform.cuh"
 
 namespace flash_eqlinear {
 namespace {
@@ -104,8 +105,6 @@ __device__ __forceinline__ void cp_async_commit() {
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
-
-constexpr float kHalfSqrt2 = 0.70710678118654752440f;
 
 // kVecX: x and y are 16-byte aligned (float4 per (row, channel)).
 // kVecP: planes 16-byte aligned and c % 4 == 0 (float4 along c).
@@ -200,12 +199,8 @@ eq_linear_fwd_fp32_kernel(const float* __restrict__ x, const float* __restrict__
       #pragma unroll
       for (int i = 0; i < XL; ++i) {
         const float4 v = raw[(i * KH + h) * Cfg::kThreads];
-        const float s02 = v.x + v.z, s13 = v.y + v.w;
         float* const a = A + 8 * h * SA + i * XRS;
-        a[0 * BK * SA] = s02 + s13;  // f0
-        a[1 * BK * SA] = v.x - v.z;  // fR
-        a[2 * BK * SA] = v.w - v.y;  // fI
-        a[3 * BK * SA] = s02 - s13;  // f2
+        dft4<false>(v.x, v.y, v.z, v.w, a[0 * BK * SA], a[1 * BK * SA], a[2 * BK * SA], a[3 * BK * SA]);
       }
       #pragma unroll
       for (int i = 0; i < PL; ++i) {
@@ -318,10 +313,7 @@ eq_linear_fwd_fp32_kernel(const float* __restrict__ x, const float* __restrict__
     for (int j = 0; j < TN; ++j) {
       const int o = n0 + b_off + (j / 4) * 32 + j % 4;
       if (o >= d) continue;
-      const float e = 0.5f * (acc0[i][j] + acc2[i][j]);
-      const float f = 0.5f * (acc0[i][j] - acc2[i][j]);
-      const float r = kHalfSqrt2 * accR[i][j], s = kHalfSqrt2 * accI[i][j];
-      const float4 out = make_float4(e + r + bv[j], f - s + bv[j], e - r + bv[j], f + s + bv[j]);
+      const float4 out = inverse_dft4_f32(acc0[i][j], acc2[i][j], accR[i][j], accI[i][j], bv[j]);
       float* const dst = yrow + int64_t(o) * 4;
       if (kVecX) {
         *reinterpret_cast<float4*>(dst) = out;

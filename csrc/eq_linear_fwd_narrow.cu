@@ -48,7 +48,6 @@ constexpr int kThreads = 128;
 // Blocks per SM the grid is sized for; each warp walks several tiles when M is large. H100,
 // M = 32768, fp32: 2 blocks (8 warps per SM) measured 3-11% faster than 4 at c, d = 16 .. 32.
 constexpr int kBlocksPerSm = 2;
-constexpr float kHalfSqrt2 = 0.70710678118654752440f;
 
 template <class T> struct Cvt;
 template <> struct Cvt<float> {
@@ -218,12 +217,8 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
       float out[2][4];
       #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const float e = 0.5f * (a0[i][j] + a2[i][j]), h = 0.5f * (a0[i][j] - a2[i][j]);
-        const float r = kHalfSqrt2 * aR[i][j], s = kHalfSqrt2 * aI[i][j];
-        out[j][0] = e + r + bv[j];
-        out[j][1] = h - s + bv[j];
-        out[j][2] = e - r + bv[j];
-        out[j][3] = h + s + bv[j];
+        const float4 v = inverse_dft4_f32(a0[i][j], a2[i][j], aR[i][j], aI[i][j], bv[j]);
+        out[j][0] = v.x; out[j][1] = v.y; out[j][2] = v.z; out[j][3] = v.w;
       }
       T* const dst = y + (m * d + o0) * 4;
       if constexpr (kVec) {

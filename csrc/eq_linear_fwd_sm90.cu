@@ -105,19 +105,12 @@ template <int = 0>
 __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t& FR, uint32_t& FI, uint32_t& F2) {
   const float x0 = __uint_as_float(v.x), x1 = __uint_as_float(v.y), x2 = __uint_as_float(v.z),
               x3 = __uint_as_float(v.w);
-  const float s02 = x0 + x2, s13 = x1 + x3;
-  F0 = to_tf32(s02 + s13);
-  F2 = to_tf32(s02 - s13);
-  FR = to_tf32(x0 - x2);
-  FI = to_tf32(x3 - x1);
-}
-
-// FP32 epilogue of one (row, output channel): y0..y3 = the header's inverse transform + bias.
-template <int = 0>
-__device__ __forceinline__ float4 inverse_dft4_f32(float a0, float a2, float ar, float ai, float b) {
-  constexpr float kR = 0.70710678118654752f;
-  const float s = fmaf(0.5f, a0 + a2, b), t = fmaf(0.5f, a0 - a2, b);
-  return make_float4(fmaf(kR, ar, s), fmaf(-kR, ai, t), fmaf(-kR, ar, s), fmaf(kR, ai, t));
+  float f0, fr, fi, f2;
+  dft4<false>(x0, x1, x2, x3, f0, fr, fi, f2);
+  F0 = to_tf32(f0);
+  F2 = to_tf32(f2);
+  FR = to_tf32(fr);
+  FI = to_tf32(fi);
 }
 
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.

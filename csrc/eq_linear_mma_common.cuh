@@ -10,6 +10,8 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#include "eq_p4_transform.cuh"
+
 namespace flash_eqlinear {
 namespace {
 
@@ -107,28 +109,6 @@ __device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v));
 }
 
-// Group transform of one channel: (f0, fR, fI, f2) from (x0, x1, x2, x3), halved for fp16
-// (x0+x1+x2+x3 overflows fp16 for |x| > 16384, its half does not for |x| <= 32752); bf16 has
-// the FP32 exponent range and skips the two extra multiplies. FP32 math, one rounding (pack).
-template <bool kHalve>
-__device__ __forceinline__ void dft4(float x0, float x1, float x2, float x3, float& f0, float& fr,
-                                     float& fi, float& f2) {
-  if constexpr (kHalve) {
-    const float u = 0.5f * x0, v = 0.5f * x3;  // exact
-    fr = fmaf(-0.5f, x2, u);
-    fi = fmaf(-0.5f, x1, v);
-    const float s02 = fmaf(0.5f, x2, u), s13 = fmaf(0.5f, x1, v);
-    f0 = s02 + s13;
-    f2 = s02 - s13;
-  } else {
-    fr = x0 - x2;
-    fi = x3 - x1;
-    const float s02 = x0 + x2, s13 = x1 + x3;
-    f0 = s02 + s13;
-    f2 = s02 - s13;
-  }
-}
-
 // One LDS.128 worth of raw x (channels k, k+1 of one row) -> packed (k, k+1) A registers of the
 // four planes.
 template <class T>
@@ -175,16 +155,13 @@ __device__ __forceinline__ void xform_h2(const uint4 v, uint32_t& F0, uint32_t& 
 }
 
 // Epilogue of one (row, output channel): y0..y3 from the accumulators (a0, a2, aR, aI) + bias b,
-// packed as (y0, y1), (y2, y3). With the halved fp16 prologue (a = a_header / 2) it is
-// y0 = a0 + a2 + sqrt2 aR etc.; without it the header's y0 = (a0 + a2) / 2 + aR / sqrt2.
+// packed as (y0, y1), (y2, y3); halved accumulators after the fp16 prologue.
 template <class T>
 __device__ __forceinline__ void inverse_dft4(float a0, float a2, float ar, float ai, float b, uint32_t& y01,
                                              uint32_t& y23) {
-  constexpr float kA = Elem<T>::kHalve ? 1.f : 0.5f;
-  constexpr float kR = Elem<T>::kHalve ? 1.41421356237309515f : 0.70710678118654752f;
-  const float s = fmaf(kA, a0 + a2, b), t = fmaf(kA, a0 - a2, b);
-  y01 = Elem<T>::pack(fmaf(kR, ar, s), fmaf(-kR, ai, t));
-  y23 = Elem<T>::pack(fmaf(-kR, ar, s), fmaf(kR, ai, t));
+  const float4 y = inverse_dft4_f32<Elem<T>::kHalve>(a0, a2, ar, ai, b);
+  y01 = Elem<T>::pack(y.x, y.y);
+  y23 = Elem<T>::pack(y.z, y.w);
 }
 
 // Block order for L2 reuse: consecutive linear block ids sweep all num_n d tiles of a group of
