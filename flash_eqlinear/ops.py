@@ -157,6 +157,16 @@ if kernels_available():
         x, planes = ctx.saved_tensors
         needs_x, needs_p = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         needs_b = ctx.has_bias and ctx.needs_input_grad[2]
+        if torch.is_grad_enabled():
+            # create_graph=True (double backward, gradient penalties, Hessian-vector products): the
+            # gradients must themselves be differentiable. grad_x through the forward op on the
+            # adjoint planes (its own backward is registered), the weight gradients by stock ops.
+            gx = None
+            if needs_x:
+                adj = reference.adjoint_planes(planes).contiguous()
+                gx = torch.ops.flash_eqlinear.eq_linear_fwd(grad_y.contiguous(), adj, None)
+            _, gp, gb = reference.fourier_eq_linear_backward(grad_y, x, planes, (False, needs_p, needs_b))
+            return gx, gp, gb
         mode = weight_grad_mode(planes.shape[2], planes.shape[1], x.dtype)
         ref = mode == "reference" and (needs_p or needs_b)
         # One op for the rest (grad_x: the forward kernel on the adjoint planes; the weight: the fused
