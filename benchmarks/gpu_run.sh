@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build, GPU tests, compute-sanitizer, benchmarks on a CUDA machine; full logs under $OUT
 # (default /tmp/out), a short summary last.
-# Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-bwd] [profile-bwd] [net] [bench-quick] [narrow]
+# Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-bwd] [profile-bwd] [profile-net] [net] [bench-quick] [narrow]
 # (default: build test sanitize bench)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -44,6 +44,12 @@ fi
 if has profile-bwd; then
   python3 benchmarks/profile_bwd.py --cs 512,1024 >"$OUT/profile_bwd.log" 2>&1; summary+=("profile-bwd rc=$?")
   cat "$OUT/profile_bwd.log"
+fi
+if has profile-net; then  # kernel time per category: ViT-B training, Swin-B fp16 inference
+  for a in "--model vit --scale B --mode train" "--model swin --scale B --mode infer --dtype fp16"; do
+    python3 benchmarks/profile_network.py $a >>"$OUT/profile_net.log" 2>&1; summary+=("profile-net ($a) rc=$?")
+  done
+  grep -E "^\| " "$OUT/profile_net.log"
 fi
 if has net; then  # the ViT part of the network benchmark (the Swin results do not depend on fp16 kernels)
   python3 benchmarks/bench_network.py --models vit --scales B,L,H --dtypes fp32,tf32,fp16 >"$OUT/net.log" 2>&1
