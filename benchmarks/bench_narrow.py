@@ -1,4 +1,4 @@
-"""Narrow layers (c, d <= 32): the narrow kernel against the tiled kernels and F.linear.
+"""Narrow layers (c, d <= 32; FP32 up to 64): the narrow kernel against the tiled kernels and F.linear.
 
 For M = 32768 rows and a grid of (c, d): forward latency of F.linear, of our op with the narrow
 kernel and with it switched off (FLASH_EQLINEAR_NARROW=0: the tiled kernels), the memory floor
@@ -27,6 +27,7 @@ from flash_eqlinear import reference  # noqa: E402
 
 OP = torch.ops.flash_eqlinear.eq_linear_fwd
 SHAPES = [(8, 8), (16, 16), (16, 32), (32, 16), (24, 24), (32, 32)]
+SHAPES_FP32 = [(32, 64), (64, 32), (48, 48), (64, 64)]  # exact FP32 has narrow tiles up to 64
 
 
 def timed(fn, xs, narrow: bool) -> float:
@@ -53,7 +54,7 @@ def main() -> None:
     for name in args.dtypes.split(","):
         dt = DTYPES[name]
         torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
-        for c, d in SHAPES:
+        for c, d in SHAPES + (SHAPES_FP32 if name == "fp32" else []):
             M = args.M
             planes = (torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5).to(dt)
             bias = torch.randn(d, device="cuda").to(dt)

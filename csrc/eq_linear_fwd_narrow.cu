@@ -47,6 +47,8 @@ namespace {
 constexpr int kThreads = 128;
 // Blocks per SM the grid is sized for; each warp walks several tiles when M is large. H100,
 // M = 32768, fp32: 2 blocks (8 warps per SM) measured 3-11% faster than 4 at c, d = 16 .. 32.
+// KC = 64 (exact FP32 only, c in 33 .. 64) takes ~160-195 KB of shared memory per block: one block
+// of 8 warps per SM instead.
 constexpr int kBlocksPerSm = 2;
 
 template <class T> struct Cvt;
@@ -63,10 +65,13 @@ template <> struct Cvt<__nv_bfloat16> {
   static __device__ __forceinline__ __nv_bfloat16 from_f(float v) { return __float2bfloat16_rn(v); }
 };
 
-// KC, DN: c and d rounded up (16 or 32). kVec: x and y 16-byte aligned, rows of x a whole number
-// of 16-byte chunks, d even (16-byte stores of an output-channel pair); otherwise element accesses.
+// KC, DN: c and d rounded up (16, 32, or for exact FP32 64). kVec: x and y 16-byte aligned, rows of x
+// a whole number of 16-byte chunks, d even (16-byte stores of an output-channel pair); otherwise
+// element accesses.
 template <class T, int KC, int DN>
 struct NarrowCfg {
+  static constexpr int kThreads = KC > 32 ? 2 * flash_eqlinear::kThreads : flash_eqlinear::kThreads;
+  static constexpr int kMinBlocks = KC > 32 ? 1 : kBlocksPerSm;  // resident blocks (launch bounds)
   static constexpr int kWarps = kThreads / 32;
   static constexpr int NX = DN / 2;             // lanes along output channels (2 each)
   static constexpr int WR = 4 * (32 / NX);      // rows per warp (4 per lane): 16 for DN = 16, 8 for 32
@@ -88,7 +93,7 @@ struct NarrowCfg {
 };
 
 template <class T, int KC, int DN, bool kVec>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+__global__ void __launch_bounds__((NarrowCfg<T, KC, DN>::kThreads), (NarrowCfg<T, KC, DN>::kMinBlocks))
 eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ planes, const T* __restrict__ bias,
                             T* __restrict__ y, int64_t M, int c, int d) {
   using Cfg = NarrowCfg<T, KC, DN>;
@@ -131,12 +136,12 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
   float pv[Cfg::kPlaneLoads];
   #pragma unroll
   for (int it = 0; it < Cfg::kPlaneLoads; ++it) {
-    const int i = tid + kThreads * it, g = i / (DN * KC), o = (i / KC) % DN, k = i % KC;
+    const int i = tid + Cfg::kThreads * it, g = i / (DN * KC), o = (i / KC) % DN, k = i % KC;
     pv[it] = (o < d && k < c) ? Cvt<T>::to_f(planes[(int64_t(g) * d + o) * c + k]) : 0.f;
   }
   #pragma unroll
   for (int it = 0; it < Cfg::kPlaneLoads; ++it) {
-    const int i = tid + kThreads * it, g = i / (DN * KC), o = (i / KC) % DN, k = i % KC;
+    const int i = tid + Cfg::kThreads * it, g = i / (DN * KC), o = (i / KC) % DN, k = i % KC;
     P[(g * KC + k) * SP + o] = pv[it];
   }
   __syncthreads();
@@ -398,11 +403,11 @@ cudaError_t launch(const FwdParams& p, cudaStream_t stream) {
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
   if (err != cudaSuccess) return err;
-  // Resident blocks: registers allow kBlocksPerSm (launch bounds), shared memory may allow fewer
+  // Resident blocks: registers allow kMinBlocks (launch bounds), shared memory may allow fewer
   // (+ 1 KB per block that the driver reserves).
-  int per_sm = std::max(1, std::min(kBlocksPerSm, smem_sm / (Cfg::kSmemBytes + 1024)));
+  int per_sm = std::max(1, std::min(Cfg::kMinBlocks, smem_sm / (Cfg::kSmemBytes + 1024)));
   const int64_t blocks = std::min<int64_t>((p.M + Cfg::BM - 1) / Cfg::BM, int64_t(sms) * per_sm);
-  kernel<<<unsigned(blocks), kThreads, Cfg::kSmemBytes, stream>>>(
+  kernel<<<unsigned(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
       static_cast<const T*>(p.x), static_cast<const T*>(p.planes), static_cast<const T*>(p.bias),
       static_cast<T*>(p.y), p.M, int(p.c), int(p.d));
   return cudaGetLastError();
@@ -433,8 +438,32 @@ cudaError_t dispatch(const FwdParams& p, cudaStream_t stream) {
       return p.c <= 16 ? launch_mma<T, 16, 32>(p, sms, stream) : launch_mma<T, 32, 32>(p, sms, stream);
     }
   }
+  if constexpr (sizeof(T) == 4) {
+    if (p.c > 32 || p.d > 32) {  // exact FP32 up to kNarrowMaxCFp32
+      if (p.c <= 32) return dispatch_vec<T, 32, 64>(p, stream);
+      return p.d <= 32 ? dispatch_vec<T, 64, 32>(p, stream) : dispatch_vec<T, 64, 64>(p, stream);
+    }
+  }
   if (p.c <= 16) return p.d <= 16 ? dispatch_vec<T, 16, 16>(p, stream) : dispatch_vec<T, 16, 32>(p, stream);
   return p.d <= 16 ? dispatch_vec<T, 32, 16>(p, stream) : dispatch_vec<T, 32, 32>(p, stream);
+}
+
+// The largest c and d the narrow kernel has tiles for with this element size.
+int64_t max_channels(int elem_bytes) { return elem_bytes == 4 ? kNarrowMaxCFp32 : kNarrowMaxC; }
+
+// Whether the device gives one block the shared memory of the FP32 tiles for c or d in 33 .. 64
+// (up to ~194 KB: H100 yes, A100's 163 KB not for KC = 64).
+bool wide_fp32_fits(const FwdParams& p) {
+  const int need = p.c <= 32 ? NarrowCfg<float, 32, 64>::kSmemBytes
+                   : p.d <= 32 ? NarrowCfg<float, 64, 32>::kSmemBytes
+                               : NarrowCfg<float, 64, 64>::kSmemBytes;
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    cudaGetLastError();  // do not leave a query failure for a later launch check to report
+    return false;
+  }
+  return optin >= need;
 }
 
 }  // namespace
@@ -442,18 +471,22 @@ cudaError_t dispatch(const FwdParams& p, cudaStream_t stream) {
 bool eq_linear_fwd_narrow_applies(const FwdParams& p, int elem_bytes, bool tf32) {
   const char* v = std::getenv("FLASH_EQLINEAR_NARROW");
   if (v != nullptr && std::strcmp(v, "0") == 0) return false;
-  if (p.c < 1 || p.d < 1 || p.c > kNarrowMaxC || p.d > kNarrowMaxC) return false;
-  if (v != nullptr && std::strcmp(v, "1") == 0) return true;
+  if (p.c < 1 || p.d < 1) return false;
+  const bool wide = p.c > kNarrowMaxC || p.d > kNarrowMaxC;
+  if (v != nullptr && std::strcmp(v, "1") == 0)
+    return !wide || (elem_bytes == 4 && p.c <= kNarrowMaxCFp32 && p.d <= kNarrowMaxCFp32 && wide_fp32_fits(p));
+  if (wide) return false;
   if (elem_bytes == 2) return mma_ok(p) || p.d <= kNarrowMaxDFfma16;
   return !tf32 || p.c * p.d <= kNarrowMaxCDTf32;
 }
 
 cudaError_t eq_linear_fwd_narrow(const FwdParams& p, int elem_bytes, bool bf16, cudaStream_t stream) {
-  if (p.M < 0 || p.c < 1 || p.d < 1 || p.c > kNarrowMaxC || p.d > kNarrowMaxC) return cudaErrorInvalidValue;
+  if (elem_bytes != 2 && elem_bytes != 4) return cudaErrorInvalidValue;
+  if (p.M < 0 || p.c < 1 || p.d < 1 || p.c > max_channels(elem_bytes) || p.d > max_channels(elem_bytes))
+    return cudaErrorInvalidValue;
   if (p.x == nullptr || p.planes == nullptr || p.y == nullptr) return cudaErrorInvalidValue;
   if (p.M == 0) return cudaSuccess;
   if (elem_bytes == 4) return dispatch<float>(p, stream);
-  if (elem_bytes != 2) return cudaErrorInvalidValue;
   return bf16 ? dispatch<__nv_bfloat16>(p, stream) : dispatch<__half>(p, stream);
 }
 

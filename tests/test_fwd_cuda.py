@@ -104,15 +104,18 @@ def test_forward_each_path(M, c, d, dtype, path, monkeypatch):
 NARROW_SHAPES = [(1, 1, 1), (7, 3, 5), (129, 16, 16), (4097, 16, 8), (300, 7, 32), (1000, 32, 32)]
 NARROW_SHAPES += [(257, 20, 31), (513, 32, 16), (65, 2, 2), (4097, 8, 14)]  # fp16 / bf16 d <= 16: mma.sync
 NARROW_SHAPES += [(129, 16, 32), (77, 6, 24)]  # fp16 / bf16 mma.sync with four n8 tiles
+# Exact FP32 only: the KC = 64 / DN = 64 tiles (c or d in 33 .. 64), taken when forced.
+NARROW_FP32_SHAPES = [(1000, 64, 64), (257, 48, 59), (129, 33, 64), (4097, 64, 20), (77, 40, 36), (5, 63, 1)]
+NARROW_CASES = [(*s, dt) for s in NARROW_SHAPES for dt in DTYPES]
+NARROW_CASES += [(*s, torch.float32) for s in NARROW_FP32_SHAPES]
 
 
 @pytest.mark.parametrize("narrow", [True, False], ids=["narrow", "tiled"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("M, c, d", NARROW_SHAPES)
+@pytest.mark.parametrize("M, c, d, dtype", NARROW_CASES, ids=str)
 def test_forward_narrow(M, c, d, dtype, narrow, monkeypatch):
-    # FLASH_EQLINEAR_NARROW=1 forces the narrow kernel (fp16 / bf16 take it by default only up to
-    # c * d = 256), =0 the tiled kernels. Each: fp64 criterion, bitwise repeatable, no bias,
-    # fp16-range inputs, and x at an 8-byte offset (the element-access path).
+    # FLASH_EQLINEAR_NARROW=1 forces the narrow kernel (c, d <= 32; FP32 up to 64), =0 the tiled
+    # kernels. Each: fp64 criterion, bitwise repeatable, no bias, fp16-range inputs, and x at an
+    # 8-byte offset (the element-access path).
     monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "1" if narrow else "0")
     x, planes, b = make(M, c, d, dtype, seed=M + 5 * c + 11 * d)
     op = torch.ops.flash_eqlinear.eq_linear_fwd
