@@ -15,10 +15,11 @@
 //      (row, channel) as FP32 [g][k][row] (k-major: the math reads 4 consecutive rows as a float4),
 //      then issues the copies of the warp's next tile into the freed slots.
 //   2. A lane owns 4 rows x 2 output channels: per k, 4 LDS.128 (f0, fR, fI, f2 of its rows) and
-//      4 LDS.64 (P0, PR, PI, P2 of its channels) feed 48 FFMA into a0, a2, aR, aI.
-//   3. Inverse DFT + bias in registers; the 2 channels x 4 group values of a row are contiguous in
-//      y, so a lane stores 32 (fp32) or 16 (fp16 / bf16) bytes per row, and the NX lanes of a row
-//      cover it contiguously.
+//      4 LDS.64 (P0, PR, PI, P2 of its channels) feed 48 FFMA into a0, a2, aR, aI. (KC = DN = 64,
+//      exact FP32 only: 4 channels, LDS.128 of the planes, 96 FFMA.)
+//   3. Inverse DFT + bias in registers; the channels x 4 group values of a row are contiguous in
+//      y, so a lane stores 32 (fp32) or 16 (fp16 / bf16) bytes per row and channel pair, and the
+//      NX lanes of a row cover it contiguously.
 // Arithmetic is FP32 for every element type (the products are exact FP32 FFMA: this is also the
 // exact-FP32 path, whatever the TF32 switch says). Unaligned x / y, rows that are not whole 16-byte
 // chunks or odd d take the element path (plain loads at the top of each tile, element stores).
@@ -73,7 +74,10 @@ struct NarrowCfg {
   static constexpr int kThreads = KC > 32 ? 2 * flash_eqlinear::kThreads : flash_eqlinear::kThreads;
   static constexpr int kMinBlocks = KC > 32 ? 1 : kBlocksPerSm;  // resident blocks (launch bounds)
   static constexpr int kWarps = kThreads / 32;
-  static constexpr int NX = DN / 2;             // lanes along output channels (2 each)
+  // Output channels per lane: 2, or 4 for KC = DN = 64 (half the shared-memory wavefronts per FFMA,
+  // which would otherwise bind there: a float4 of planes per k serves 4 channels).
+  static constexpr int CPL = KC > 32 && DN > 32 ? 4 : 2;
+  static constexpr int NX = DN / CPL;           // lanes along output channels
   static constexpr int WR = 4 * (32 / NX);      // rows per warp (4 per lane): 16 for DN = 16, 8 for 32
   static constexpr int BM = kWarps * WR;        // rows per block
   static constexpr int SA = WR + 4;             // f row stride: float4-aligned, spreads k over banks
@@ -81,8 +85,10 @@ struct NarrowCfg {
   static constexpr int CPR = KC / QPC;          // 16-byte chunks per row of a full-width tile
   static constexpr int kLoads = WR * CPR / 32;  // chunks per lane
   static constexpr int kQuads = WR * KC / 32;   // quadruples per lane (element-access path)
-  static constexpr int SP = DN + 2;             // plane row stride: float2-aligned, the transposed
-                                                // stores (consecutive k per lane) 2-way, not 32-way
+  // Plane row stride: float2-aligned, the transposed stores (consecutive k per lane) 2-way, not
+  // 32-way; with CPL = 4 float4-aligned and unpadded (the 8-warp KC = 64 block needs the space;
+  // the one-time copy takes the conflicts).
+  static constexpr int SP = CPL == 4 ? DN : DN + 2;
   static constexpr int kPlaneLoads = 4 * KC * DN / kThreads;  // plane elements per thread
   static constexpr int kWarpF = 4 * KC * SA;    // floats of one warp's f tile
   static constexpr int kWarpRaw = 16 * kLoads * 32;  // bytes of one warp's cp.async slots
@@ -146,10 +152,11 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
   }
   __syncthreads();
 
-  const int r0 = 4 * (lane / NX), o0 = 2 * (lane % NX);  // this lane's rows and output channels
-  float bv[2];
+  constexpr int CPL = Cfg::CPL;
+  const int r0 = 4 * (lane / NX), o0 = CPL * (lane % NX);  // this lane's rows and output channels
+  float bv[CPL];
   #pragma unroll
-  for (int j = 0; j < 2; ++j) bv[j] = (bias != nullptr && o0 + j < d) ? Cvt<T>::to_f(bias[o0 + j]) : 0.f;
+  for (int j = 0; j < CPL; ++j) bv[j] = (bias != nullptr && o0 + j < d) ? Cvt<T>::to_f(bias[o0 + j]) : 0.f;
 
   for (; tile < num_tiles; tile += stride) {
     const int64_t m0 = tile * WR;
@@ -187,22 +194,27 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
     }
     __syncwarp();
 
-    // ---- six products: rows r0 .. r0 + 3 of the warp's tile, output channels o0, o0 + 1.
-    float a0[4][2] = {}, a2[4][2] = {}, aR[4][2] = {}, aI[4][2] = {};
+    // ---- six products: rows r0 .. r0 + 3 of the warp's tile, output channels o0 .. o0 + CPL - 1.
+    float a0[4][CPL] = {}, a2[4][CPL] = {}, aR[4][CPL] = {}, aI[4][CPL] = {};
     #pragma unroll 4  // full unrolling hoists loads of many k steps: registers, spills
     for (int k = 0; k < KC; ++k) {
-      float f[4][4], p[4][2];
+      float f[4][4], p[4][CPL];
       #pragma unroll
       for (int g = 0; g < 4; ++g) {
         const float4 fv = *reinterpret_cast<const float4*>(F + (g * KC + k) * SA + r0);
         f[g][0] = fv.x; f[g][1] = fv.y; f[g][2] = fv.z; f[g][3] = fv.w;
-        const float2 pp = *reinterpret_cast<const float2*>(P + (g * KC + k) * SP + o0);
-        p[g][0] = pp.x; p[g][1] = pp.y;
+        if constexpr (CPL == 4) {
+          const float4 pp = *reinterpret_cast<const float4*>(P + (g * KC + k) * SP + o0);
+          p[g][0] = pp.x; p[g][1] = pp.y; p[g][2] = pp.z; p[g][3] = pp.w;
+        } else {
+          const float2 pp = *reinterpret_cast<const float2*>(P + (g * KC + k) * SP + o0);
+          p[g][0] = pp.x; p[g][1] = pp.y;
+        }
       }
       #pragma unroll
       for (int i = 0; i < 4; ++i) {
         #pragma unroll
-        for (int j = 0; j < 2; ++j) {
+        for (int j = 0; j < CPL; ++j) {
           a0[i][j] = fmaf(f[0][i], p[0][j], a0[i][j]);
           aR[i][j] = fmaf(f[1][i], p[1][j], aR[i][j]);
           aR[i][j] = fmaf(-f[2][i], p[2][j], aR[i][j]);
@@ -219,31 +231,35 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
     for (int i = 0; i < 4; ++i) {
       const int64_t m = m0 + r0 + i;
       if (m >= M) break;
-      float out[2][4];
+      float out[CPL][4];
       #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < CPL; ++j) {
         const float4 v = inverse_dft4_f32(a0[i][j], a2[i][j], aR[i][j], aI[i][j], bv[j]);
         out[j][0] = v.x; out[j][1] = v.y; out[j][2] = v.z; out[j][3] = v.w;
       }
       T* const dst = y + (m * d + o0) * 4;
       if constexpr (kVec) {
-        if (o0 >= d) continue;  // d even: o0 < d implies o0 + 1 < d
-        if constexpr (sizeof(T) == 4) {
-          reinterpret_cast<float4*>(dst)[0] = make_float4(out[0][0], out[0][1], out[0][2], out[0][3]);
-          reinterpret_cast<float4*>(dst)[1] = make_float4(out[1][0], out[1][1], out[1][2], out[1][3]);
-        } else {
-          uint4 packed;
-          T* const e = reinterpret_cast<T*>(&packed);
-          #pragma unroll
-          for (int j = 0; j < 2; ++j) {
+        #pragma unroll
+        for (int j = 0; j < CPL; j += 2) {  // channel pairs: d even, so o0 + j < d implies o0 + j + 1 < d
+          if (o0 + j >= d) break;
+          if constexpr (sizeof(T) == 4) {
+            reinterpret_cast<float4*>(dst)[j] = make_float4(out[j][0], out[j][1], out[j][2], out[j][3]);
+            reinterpret_cast<float4*>(dst)[j + 1] =
+                make_float4(out[j + 1][0], out[j + 1][1], out[j + 1][2], out[j + 1][3]);
+          } else {
+            uint4 packed;
+            T* const e = reinterpret_cast<T*>(&packed);
             #pragma unroll
-            for (int g = 0; g < 4; ++g) e[4 * j + g] = Cvt<T>::from_f(out[j][g]);
+            for (int h = 0; h < 2; ++h) {
+              #pragma unroll
+              for (int g = 0; g < 4; ++g) e[4 * h + g] = Cvt<T>::from_f(out[j + h][g]);
+            }
+            reinterpret_cast<uint4*>(dst)[j / 2] = packed;
           }
-          *reinterpret_cast<uint4*>(dst) = packed;
         }
       } else {
         #pragma unroll
-        for (int j = 0; j < 2; ++j) {
+        for (int j = 0; j < CPL; ++j) {
           if (o0 + j >= d) break;
           #pragma unroll
           for (int g = 0; g < 4; ++g) dst[4 * j + g] = Cvt<T>::from_f(out[j][g]);
