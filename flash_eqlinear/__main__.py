@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from . import FlashEQLinear, NaiveEQLinear, kernels_available, reference
 from .models.layers import roll_group
-from .ops import backend_for, kernel_import_error
+from .ops import backend_for, kernel_import_error, reference_form
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -71,6 +71,8 @@ def main(argv=None) -> int:
     dense = nn.Linear(C, C, device=device, dtype=dtype)
     x = torch.randn(M, C, device=device, dtype=dtype)
     backend = backend_for(x, T)
+    if backend == "reference":  # which pure-PyTorch form: the Fourier path or the dense expansion
+        backend += f"/{reference_form(x, T, C // T, C // T)}"
 
     with torch.no_grad():
         ref = reference.naive_eq_linear(x.double(), naive.weight.double(), naive.bias.double(), T)
@@ -88,10 +90,10 @@ def main(argv=None) -> int:
     if not kernels_available():
         print(f"(fused kernels not available: {kernel_import_error()})")
     base = rows[0][1]
-    print(f"{'layer':<28}{'ms':>10}{'vs nn.Linear':>14}{'rel L2 vs fp64':>16}")
+    print(f"{'layer':<34}{'ms':>10}{'vs nn.Linear':>14}{'rel L2 vs fp64':>16}")
     for label, ms, err in rows:
         e = "-" if err is None else f"{err:.2e}"
-        print(f"{label:<28}{ms:>10.3f}{base / ms:>13.2f}x{e:>16}")
+        print(f"{label:<34}{ms:>10.3f}{base / ms:>13.2f}x{e:>16}")
     tol = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 4e-2}[dtype]
     ok = err_flash <= tol and equi <= tol
     print(f"equivariance f(r.x) vs r.f(x): rel L2 {equi:.2e}; exactness {'OK' if ok else 'FAILED'}")
