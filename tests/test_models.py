@@ -8,6 +8,7 @@ equivariance on the features, ``features(rot90(img)) == roll_group(rot90(feature
 from __future__ import annotations
 
 import copy
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ from flash_eqlinear.models import (
     roll_group,
     rotate_feature_map,
 )
+from flash_eqlinear.models.swin import MERGE_ORDER
 
 REPO = Path(__file__).resolve().parents[1]
 TOL = 1e-5  # float32 rounding of a whole (tiny) network
@@ -142,6 +144,13 @@ def test_patch_merging_equivariance():
     for k in (1, 2, 3):
         assert torch.equal(merge.merge(rotate_feature_map(x, k)), rotate_feature_map(merge.merge(x), k))
         assert rel_l2(merge(rotate_feature_map(x, k)), rotate_feature_map(merge(x), k)) < TOL
+    # The documented arrangement v[(j, ci), g] = u[(g + j) mod 4, ci, g] over the MERGE_ORDER cycle.
+    u = torch.stack([x[:, a::2, b::2] for a, b in MERGE_ORDER], dim=3).unflatten(-1, (4, 4))  # (.., k, ci, g)
+    v = merge.merge(x).unflatten(-1, (4, 4, 4))  # (.., j, ci, g)
+    for j, g in itertools.product(range(4), range(4)):
+        assert torch.equal(v[..., j, :, g], u[..., (g + j) % 4, :, g])
+    plain = PatchMerging(Variant("plain"), 16, 1e-5)
+    assert torch.equal(plain.merge(x), u.flatten(3))  # Swin's concatenation, in cycle order
 
 
 def test_relative_position_bias_is_rotation_symmetric():

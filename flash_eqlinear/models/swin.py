@@ -185,17 +185,20 @@ class PatchMerging(nn.Module):
         self.dim, self.group_size = dim, variant.group_size
         self.norm = variant.norm(4 * dim, eps)
         self.reduction = variant.linear(4 * dim, 2 * dim, False)
+        G = self.group_size
+        if G > 1:
+            # v[(j, ci), g] = u[(g + j) mod 4, ci, g] as one gather over the concatenated channels
+            # (position k, field ci, copy g) -> k * dim + ci * G + g.
+            j, ci, g = torch.meshgrid(torch.arange(4), torch.arange(dim // G), torch.arange(G), indexing="ij")
+            index = ((g + j) % 4 * dim + ci * G + g).flatten()
+            self.register_buffer("merge_index", index, persistent=False)  # derived: not in the state_dict
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
         B, H, W, C = x.shape
         if H % 2 or W % 2:
             x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
-        u = torch.stack([x[:, a::2, b::2] for a, b in MERGE_ORDER], dim=3)  # (B, H/2, W/2, 4, C)
-        G = self.group_size
-        if G > 1:
-            u = u.unflatten(-1, (C // G, G))  # (B, h, w, 4 positions, c, G)
-            u = torch.stack([u[..., g].roll(-g, dims=3) for g in range(G)], dim=-1)
-        return u.flatten(3)
+        u = torch.cat([x[:, a::2, b::2] for a, b in MERGE_ORDER], dim=-1)  # (B, H/2, W/2, 4C)
+        return u.index_select(-1, self.merge_index) if self.group_size > 1 else u
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.reduction(self.norm(self.merge(x)))
