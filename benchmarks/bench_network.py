@@ -308,20 +308,11 @@ def bench_training(kind, scale, variant, args, device) -> dict:
         "dry_run": args.dry_run,
     }
     torch.manual_seed(0)
-    model = build(kind, scale, variant, args, device).train()
+    model = build(kind, scale, variant, args, device)
     cuda = device.type == "cuda"
-    fused = {"fused": True} if cuda else {}
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, **fused)
     x = torch.randn(args.train_batch, 3, S, S, device=device)
     y = torch.randint(0, args.num_classes, (args.train_batch,), device=device)
-
-    def step():
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x).float(), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    step = training_step(model, x, y, device)
     try:
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
@@ -336,9 +327,26 @@ def bench_training(kind, scale, variant, args, device) -> dict:
     except torch.OutOfMemoryError as e:
         rec["error"] = f"out of memory: {str(e).splitlines()[0]}"
     finally:
-        model = opt = x = y = None
+        model = step = x = y = None
         free(device)
     return rec
+
+
+def training_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device):
+    """A callable running one training step of ``model`` on (x, y): forward and cross-entropy under
+    bf16 autocast, backward, AdamW (fused on CUDA)."""
+    model.train()
+    fused = {"fused": True} if device.type == "cuda" else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, **fused)
+
+    def step():
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
 
 
 # ---------------------------------------------------------------------------------------- report
@@ -538,15 +546,21 @@ def plot(payload: dict, path: Path) -> Path | None:
     return out
 
 
+def pick_device(dry_run: bool) -> torch.device | None:
+    """CPU for a dry run, else the CUDA device; None (after saying why) when there is none."""
+    if dry_run:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        print("error: no CUDA device (use --dry-run to check the script on CPU)", file=sys.stderr)
+        return None
+    return torch.device("cuda")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.dry_run:
-        device = torch.device("cpu")
-    elif not torch.cuda.is_available():
-        print("error: no CUDA device (use --dry-run to check the script on CPU)", file=sys.stderr)
+    device = pick_device(args.dry_run)
+    if device is None:
         return 2
-    else:
-        device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False  # FP32 means FP32
     torch.backends.cudnn.allow_tf32 = False
     env = environment(device)

@@ -23,7 +23,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 ROOT = Path(__file__).resolve().parent
@@ -84,18 +83,8 @@ def make_step(model, args, device):
                 model(x)
 
         return step
-    model.train()
     y = torch.randint(0, args.num_classes, (args.batch,), device=device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if device.type == "cuda" else {}))
-
-    def step():
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x).float(), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    return bn.training_step(model, x, y, device)
 
 
 def profile_variant(variant: str, args, device) -> dict:
@@ -155,12 +144,9 @@ def main(argv=None) -> int:
         ap.error(f"--variants: unknown {bad}; choose from {list(bn.VARIANTS)}")
     if args.dry_run:
         args.batch, args.warmup, args.steps = 2, 1, 1
-        device = torch.device("cpu")
-    elif not torch.cuda.is_available():
-        print("profile_network needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+    device = bn.pick_device(args.dry_run)
+    if device is None:
         return 2
-    else:
-        device = torch.device("cuda")
     tf32 = args.mode == "infer" and args.dtype == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
     recs = []
