@@ -145,10 +145,9 @@ class NaiveEQLinear(_EQLinearBase):
         x, w, b = autocast_inputs(x, self.weight, self.bias)
         if self.training or torch.compiler.is_compiling() or (torch.is_grad_enabled() and w.requires_grad):
             return reference.naive_eq_linear(x, w, b, self.group_size, self.circulant_index)
+        T = reference.check_inputs(x, w, b, self.group_size, "group")[0]  # the same errors as uncached
         dense = self._cached_dense(w)
-        if b is not None:
-            b = b[:, None].expand(-1, self.group_size).reshape(-1)
-        return F.linear(x, dense, b)
+        return F.linear(x, dense, None if b is None else b[:, None].expand(-1, T).reshape(-1))
 
     def _cached_dense(self, w: torch.Tensor) -> torch.Tensor:
         """The dense weight of ``w`` (the weight, possibly cast by autocast), reused while the

@@ -665,3 +665,13 @@ def test_naive_cache_not_pickled(gen):
     assert layer._dense_cache is not None
     buf.seek(0)
     assert torch.load(buf, weights_only=False)._dense_cache is None
+
+
+def test_naive_inference_checks_inputs_like_training():
+    layer = fe.NaiveEQLinear(8, 12).eval()
+    with torch.no_grad():
+        layer(torch.randn(2, 8))  # fills the cache
+        with pytest.raises(ValueError, match="in_features"):
+            layer(torch.randn(2, 7))
+        with pytest.raises(RuntimeError, match="dtype"):
+            layer(torch.randn(2, 8, dtype=F64))
