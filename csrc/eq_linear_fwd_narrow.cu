@@ -48,7 +48,7 @@ namespace {
 constexpr int kThreads = 128;
 // Blocks per SM the grid is sized for; each warp walks several tiles when M is large. H100,
 // M = 32768, fp32: 2 blocks (8 warps per SM) measured 3-11% faster than 4 at c, d = 16 .. 32.
-// KC = 64 (exact FP32 only, c in 33 .. 64) takes ~160-195 KB of shared memory per block: one block
+// KC = 64 (exact FP32 only, c in 33 .. 64) takes 194-224 KB of shared memory per block: one block
 // of 8 warps per SM instead.
 constexpr int kBlocksPerSm = 2;
 
@@ -468,7 +468,7 @@ cudaError_t dispatch(const FwdParams& p, cudaStream_t stream) {
 int64_t max_channels(int elem_bytes) { return elem_bytes == 4 ? kNarrowMaxCFp32 : kNarrowMaxC; }
 
 // Whether the device gives one block the shared memory of the FP32 tiles for c or d in 33 .. 64
-// (up to ~194 KB: H100 yes, A100's 163 KB not for KC = 64).
+// (up to 224 KB: H100 yes, A100's 163 KB not for KC = 64).
 bool wide_fp32_fits(const FwdParams& p) {
   const int need = p.c <= 32 ? NarrowCfg<float, 32, 64>::kSmemBytes
                    : p.d <= 32 ? NarrowCfg<float, 64, 32>::kSmemBytes
