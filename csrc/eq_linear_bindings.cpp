@@ -2,6 +2,7 @@
 // torch.compile traces them and autograd/fake implementations can be attached from Python.
 #include <Python.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -89,13 +90,17 @@ void eq_linear_fwd_tf32(const at::Tensor& x, const at::Tensor& planes, const at:
 
 // Opt-in split-precision FP32 (FLASH_EQLINEAR_FP32=3xtf32): x's Fourier planes and the weight planes
 // split into TF32 hi + lo parts, each product as hi*hi + lo*hi + hi*lo on TF32 tensor cores (the
-// lo*lo term, ~2^-22 relative, dropped): two GEMMs per product, the first over K = [hi | lo] of x
-// against [hi | hi] of the planes, the second (accumulating) hi of x against lo of the planes.
-// Then the inverse DFT + bias pass. Used for c * d >= kSplitMinCD, where it beats the exact SIMT
-// kernel; smaller layers stay exact. Measured on an H100 (c = d = 512 .. 2048): 3.5-5.4x F.linear
-// FP32, relative error 5e-6 .. 2e-5, 6-12x the exact kernel's (it grows with K: the tensor cores'
-// FP32 accumulation), against TF32's ~3e-4.
+// lo*lo term, ~2^-22 relative, dropped). Then the inverse DFT + bias pass. Used for c * d >=
+// kSplitMinCD, where it beats the exact SIMT kernel; smaller layers stay exact.
+// Accuracy: the tensor cores accumulate in FP32 without round-to-nearest, so a GEMM's error grows
+// linearly with its K. Measured on an H100 with each product as one GEMM over K = [hi | lo] (c = d =
+// 512 .. 2048): relative error 5e-6 .. 2e-5, 6-12x the exact kernel's (4e-7 .. 1e-6). Hence: the two
+// correction terms (2^-11 of the result) in one GEMM of their own, then the hi*hi product in K chunks
+// of kSplitChunk, each added to the output by the GEMM epilogue (FP32, round to nearest): the error
+// of a chunk's accumulation no longer grows with c. The chunks cost an extra read and write of the
+// FP32 product per chunk (memory-bound chunks at c = 2048: about +4 ms on 17).
 constexpr int64_t kSplitMinCD = 1 << 18;
+constexpr int64_t kSplitChunk = 256;
 
 bool split_tf32_requested() {
   const char* v = std::getenv("FLASH_EQLINEAR_FP32");
@@ -126,8 +131,11 @@ void eq_linear_fwd_3xtf32(const at::Tensor& x, const at::Tensor& planes, const a
     const auto product = [&](int64_t col, int64_t n, int64_t fcol, int64_t k, const at::Tensor& wh,
                              const at::Tensor& wl) {
       at::Tensor out = a.narrow(1, col, n);
-      at::mm_out(out, xf.narrow(1, fcol, 2 * k), at::cat({wh, wh}, 1).t());
-      out.addmm_(xf.narrow(1, fcol, k), wl.t());
+      at::mm_out(out, xf.narrow(1, fcol, 2 * k), at::cat({wl, wh}, 1).t());  // hi*lo + lo*hi
+      for (int64_t k0 = 0; k0 < k; k0 += kSplitChunk) {
+        const int64_t kc = std::min(kSplitChunk, k - k0);
+        out.addmm_(xf.narrow(1, fcol + k0, kc), wh.narrow(1, k0, kc).t());  // hi*hi, one chunk
+      }
     };
     product(0, d, 0, c, hi.select(0, 0), lo.select(0, 0));
     product(d, d, 2 * c, c, hi.select(0, 3), lo.select(0, 3));

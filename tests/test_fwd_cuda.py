@@ -425,9 +425,9 @@ def test_tf32_path(M, c, d, mode, sm90, allow_tf32, monkeypatch):
 
 @pytest.mark.parametrize("M, c, d", [(300, 512, 512), (129, 1025, 260), (2049, 256, 1024)])
 def test_split_tf32_mode(M, c, d, monkeypatch):
-    # FLASH_EQLINEAR_FP32=3xtf32: layers with c * d >= 2^18 run hi/lo-split TF32 GEMMs. Measured on
-    # an H100: 5-12x the exact FP32 kernel's error (the tensor cores' FP32 accumulation), 15x and
-    # more below TF32's; the bounds below hold that with margin. The result is repeatable, PyTorch's
+    # FLASH_EQLINEAR_FP32=3xtf32: layers with c * d >= 2^18 run hi/lo-split TF32 GEMMs, the hi*hi
+    # product in short K chunks summed in FP32 (the tensor cores' own accumulation error grows with K).
+    # The contract: within 2x of the exact FP32 kernel's error. The result is repeatable, PyTorch's
     # TF32 setting is left as it was, and smaller layers keep the exact kernel.
     op = torch.ops.flash_eqlinear.eq_linear_fwd
     x, planes, b = make(M, c, d, torch.float32, seed=M + c + d)
@@ -438,7 +438,7 @@ def test_split_tf32_mode(M, c, d, monkeypatch):
     ref, _ = fp64_reference(x, planes, b)
     err, err_exact = rel_l2(y, ref), rel_l2(exact, ref)
     assert not torch.equal(y, exact)  # the split path ran
-    assert err <= 25 * err_exact and err < 2.0**-11 / 16, (err, err_exact)
+    assert err <= 2 * err_exact, (err, err_exact)
     assert torch.equal(op(x, planes, b), y)
     assert torch.backends.cuda.matmul.allow_tf32 is False
     assert torch.equal(op(xs, ps, bs), exact_small)
