@@ -96,7 +96,8 @@ class RelativePositionBias(nn.Module):
 
     ``table`` has shape ``(2M-1, 2M-1, heads)`` (index ``(di + M-1, dj + M-1)``). With group size
     4 the table is averaged over its 4 rotations before use, so that ``bias(R delta) = bias(delta)``
-    for the 90-degree rotation R: the attention scores then commute with rotating the window.
+    for the 90-degree rotation R: the attention scores then commute with rotating the window. The
+    average is taken over 4 gathered copies (one index per rotation), not over 4 rotated tables.
     """
 
     def __init__(self, window_size: int, num_heads: int, group_size: int):
@@ -107,19 +108,20 @@ class RelativePositionBias(nn.Module):
         nn.init.trunc_normal_(self.table, std=0.02)
         ii, jj = torch.meshgrid(torch.arange(M), torch.arange(M), indexing="ij")
         ii, jj = ii.flatten(), jj.flatten()
-        index = (ii[:, None] - ii[None, :] + M - 1) * (2 * M - 1) + (jj[:, None] - jj[None, :] + M - 1)
+        index = (
+            (ii[:, None] - ii[None, :] + M - 1) * (2 * M - 1) + (jj[:, None] - jj[None, :] + M - 1)
+        ).flatten()
+        if group_size > 1:  # row k: where rot90(table, k) reads each entry, at the window's pairs
+            cells = torch.arange((2 * M - 1) ** 2).view(2 * M - 1, 2 * M - 1)
+            index = torch.stack([torch.rot90(cells, k, (0, 1)).flatten()[index] for k in range(4)])
         self.register_buffer("index", index, persistent=False)  # derived: not in the state_dict
-
-    def symmetric_table(self) -> torch.Tensor:
-        t = self.table
-        if self.group_size == 1:
-            return t
-        return torch.stack([torch.rot90(t, k, (0, 1)) for k in range(4)]).mean(0)
 
     def forward(self) -> torch.Tensor:
         """``(heads, M*M, M*M)``."""
         L = self.window_size**2
-        return self.symmetric_table().flatten(0, 1)[self.index.flatten()].view(L, L, -1).permute(2, 0, 1)
+        t = self.table.flatten(0, 1)
+        b = t[self.index] if self.group_size == 1 else t[self.index].mean(0)  # (L*L, heads)
+        return b.view(L, L, -1).permute(2, 0, 1)
 
 
 class SwinBlock(nn.Module):
