@@ -94,13 +94,16 @@ void eq_linear_fwd_tf32(const at::Tensor& x, const at::Tensor& planes, const at:
 // kSplitMinCD, where it beats the exact SIMT kernel; smaller layers stay exact.
 // Accuracy: the tensor cores accumulate in FP32 without round-to-nearest, so a GEMM's error grows
 // linearly with its K. Measured on an H100 with each product as one GEMM over K = [hi | lo] (c = d =
-// 512 .. 2048): relative error 5e-6 .. 2e-5, 6-12x the exact kernel's (4e-7 .. 1e-6). Hence: the two
+// 512 .. 2048): relative error 5e-6 .. 2e-5, 6-12x the exact kernel's (5e-7 .. 1e-6). Hence: the two
 // correction terms (2^-11 of the result) in one GEMM of their own, then the hi*hi product in K chunks
-// of kSplitChunk, each added to the output by the GEMM epilogue (FP32, round to nearest): the error
-// of a chunk's accumulation no longer grows with c. The chunks cost an extra read and write of the
-// FP32 product per chunk (memory-bound chunks at c = 2048: about +4 ms on 17).
+// of max(256, K / 8), each added to the output by the GEMM epilogue (FP32, round to nearest), so the
+// accumulation error no longer grows like K while the exact kernel's grows like sqrt(K). An emulation
+// (exact TF32 products, 8 per step, accumulator truncated to FP32 after each step; it reproduces the
+// measured growth of the unchunked form) puts the chunked error at 1.5x / 1.1x / 1.3x the exact
+// kernel's at c = 512 / 1024 / 2048; 256-wide chunks everywhere would give 1.5x / 1.1x / 0.75x at the
+// price of twice the passes at c = 2048. Each chunk re-reads and re-writes the FP32 product.
 constexpr int64_t kSplitMinCD = 1 << 18;
-constexpr int64_t kSplitChunk = 256;
+constexpr int64_t kSplitChunkMin = 256;
 
 bool split_tf32_requested() {
   const char* v = std::getenv("FLASH_EQLINEAR_FP32");
@@ -132,8 +135,9 @@ void eq_linear_fwd_3xtf32(const at::Tensor& x, const at::Tensor& planes, const a
                              const at::Tensor& wl) {
       at::Tensor out = a.narrow(1, col, n);
       at::mm_out(out, xf.narrow(1, fcol, 2 * k), at::cat({wl, wh}, 1).t());  // hi*lo + lo*hi
-      for (int64_t k0 = 0; k0 < k; k0 += kSplitChunk) {
-        const int64_t kc = std::min(kSplitChunk, k - k0);
+      const int64_t chunk = std::max(kSplitChunkMin, k / 8);
+      for (int64_t k0 = 0; k0 < k; k0 += chunk) {
+        const int64_t kc = std::min(chunk, k - k0);
         out.addmm_(xf.narrow(1, fcol + k0, kc), wh.narrow(1, k0, kc).t());  // hi*hi, one chunk
       }
     };
