@@ -8,16 +8,13 @@
 #include <cuda_bf16.h>
 
 #include "eq_group_dft.h"
-#include "eq_linear_bwd_weight_split.cuh"  // split::from_float
+#include "eq_elem_convert.cuh"
+#include "eq_linear_bwd_weight_split.cuh"  // split::cdiv, imin
 #include "eq_p4_transform.cuh"
 
 namespace flash_eqlinear {
 namespace {
 
-template <class T> __device__ __forceinline__ float to_f(T v);
-template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
-template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 // The 4 group values of one channel travel as one aligned vector (8 bytes for 16-bit types).
 template <class T> struct alignas(4 * sizeof(T)) Quad { T v[4]; };
@@ -52,11 +49,11 @@ __global__ void __launch_bounds__(256) group_dft_kernel(const Quad<T>* __restric
     T out[kPlanes][kC];
 #pragma unroll
     for (int j = 0; j < kC; ++j) {
-      const float x0 = to_f(q[j].v[0]), x1 = to_f(q[j].v[1]), x2 = to_f(q[j].v[2]), x3 = to_f(q[j].v[3]);
+      const float x0 = to_float(q[j].v[0]), x1 = to_float(q[j].v[1]), x2 = to_float(q[j].v[2]),
+                  x3 = to_float(q[j].v[3]);
       float f0, fr, fi, f2;
       dft4<false>(x0, x1, x2, x3, f0, fr, fi, f2);
       acc[j] += f0;
-      using split::from_float;
       if constexpr (kInput) {  // [f0/2, f2/2, -fI/sqrt2, fR/sqrt2, fI/sqrt2]
         out[0][j] = from_float<T>(0.5f * f0);
         out[1][j] = from_float<T>(0.5f * f2);

@@ -13,8 +13,8 @@
 #include <cstdint>
 
 #include <cuda_runtime.h>
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
+
+#include "eq_elem_convert.cuh"  // from_float
 
 namespace flash_eqlinear {
 namespace split {
@@ -100,13 +100,6 @@ inline Plan make_plan(int64_t M, int64_t c, int64_t d, int sms, const TileModel*
 inline size_t workspace_bytes(const Plan& plan, bool always_reduce, int64_t c, int64_t d) {
   if (plan.S < 1 || (plan.S == 1 && !always_reduce)) return 0;
   return size_t(plan.S) * size_t(4 * d * round_up4(c) + d) * sizeof(float);
-}
-
-template <class T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
 }
 
 // Sums the S partial tiles in order z = 0 .. S-1, scales (planes 0 and 3 by s_real, 1 and 2 by

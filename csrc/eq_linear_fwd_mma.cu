@@ -332,8 +332,8 @@ eq_linear_fwd_mma_kernel(const KParams p) {
     const bool o1_ok = o + 1 < d;
     float bo[2] = {0.f, 0.f};
     if (bias != nullptr) {
-      bo[0] = Elem<T>::to_float(bias[o]);
-      if (o1_ok) bo[1] = Elem<T>::to_float(bias[o + 1]);
+      bo[0] = to_float(bias[o]);
+      if (o1_ok) bo[1] = to_float(bias[o + 1]);
     }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {

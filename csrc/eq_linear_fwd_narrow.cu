@@ -52,20 +52,6 @@ constexpr int kThreads = 128;
 // of 8 warps per SM instead.
 constexpr int kBlocksPerSm = 2;
 
-template <class T> struct Cvt;
-template <> struct Cvt<float> {
-  static __device__ __forceinline__ float to_f(float v) { return v; }
-  static __device__ __forceinline__ float from_f(float v) { return v; }
-};
-template <> struct Cvt<__half> {
-  static __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-  static __device__ __forceinline__ __half from_f(float v) { return __float2half_rn(v); }
-};
-template <> struct Cvt<__nv_bfloat16> {
-  static __device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-  static __device__ __forceinline__ __nv_bfloat16 from_f(float v) { return __float2bfloat16_rn(v); }
-};
-
 // KC, DN: c and d rounded up (16, 32, or for exact FP32 64). kVec: x and y 16-byte aligned, rows of x
 // a whole number of 16-byte chunks, d even (16-byte stores of an output-channel pair); otherwise
 // element accesses.
@@ -143,7 +129,7 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
   #pragma unroll
   for (int it = 0; it < Cfg::kPlaneLoads; ++it) {
     const int i = tid + Cfg::kThreads * it, g = i / (DN * KC), o = (i / KC) % DN, k = i % KC;
-    pv[it] = (o < d && k < c) ? Cvt<T>::to_f(planes[(int64_t(g) * d + o) * c + k]) : 0.f;
+    pv[it] = (o < d && k < c) ? to_float(planes[(int64_t(g) * d + o) * c + k]) : 0.f;
   }
   #pragma unroll
   for (int it = 0; it < Cfg::kPlaneLoads; ++it) {
@@ -156,7 +142,7 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
   const int r0 = 4 * (lane / NX), o0 = CPL * (lane % NX);  // this lane's rows and output channels
   float bv[CPL];
   #pragma unroll
-  for (int j = 0; j < CPL; ++j) bv[j] = (bias != nullptr && o0 + j < d) ? Cvt<T>::to_f(bias[o0 + j]) : 0.f;
+  for (int j = 0; j < CPL; ++j) bv[j] = (bias != nullptr && o0 + j < d) ? to_float(bias[o0 + j]) : 0.f;
 
   for (; tile < num_tiles; tile += stride) {
     const int64_t m0 = tile * WR;
@@ -169,8 +155,8 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
         const T* e = reinterpret_cast<const T*>(&u);
         #pragma unroll
         for (int j = 0; j < QPC; ++j)
-          put_f(i / CPR, (i % CPR) * QPC + j, Cvt<T>::to_f(e[4 * j]), Cvt<T>::to_f(e[4 * j + 1]),
-                Cvt<T>::to_f(e[4 * j + 2]), Cvt<T>::to_f(e[4 * j + 3]));
+          put_f(i / CPR, (i % CPR) * QPC + j, to_float(e[4 * j]), to_float(e[4 * j + 1]),
+                to_float(e[4 * j + 2]), to_float(e[4 * j + 3]));
       }
       if (tile + stride < num_tiles) issue_x((tile + stride) * WR);  // slots read: refill them
     } else {
@@ -182,8 +168,8 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
         q[it] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (m < M && k < c) {
           const T* src = x + (m * c + k) * 4;
-          q[it] = make_float4(Cvt<T>::to_f(src[0]), Cvt<T>::to_f(src[1]), Cvt<T>::to_f(src[2]),
-                              Cvt<T>::to_f(src[3]));
+          q[it] = make_float4(to_float(src[0]), to_float(src[1]), to_float(src[2]),
+                              to_float(src[3]));
         }
       }
       #pragma unroll
@@ -252,7 +238,7 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
             #pragma unroll
             for (int h = 0; h < 2; ++h) {
               #pragma unroll
-              for (int g = 0; g < 4; ++g) e[4 * h + g] = Cvt<T>::from_f(out[j + h][g]);
+              for (int g = 0; g < 4; ++g) e[4 * h + g] = from_float<T>(out[j + h][g]);
             }
             reinterpret_cast<uint4*>(dst)[j / 2] = packed;
           }
@@ -262,7 +248,7 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
         for (int j = 0; j < CPL; ++j) {
           if (o0 + j >= d) break;
           #pragma unroll
-          for (int g = 0; g < 4; ++g) dst[4 * j + g] = Cvt<T>::from_f(out[j][g]);
+          for (int g = 0; g < 4; ++g) dst[4 * j + g] = from_float<T>(out[j][g]);
         }
       }
     }
@@ -338,7 +324,7 @@ eq_linear_fwd_narrow_mma_kernel(const T* __restrict__ x, const T* __restrict__ p
     #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int o = 8 * j + 2 * t + e;
-      bv[j][e] = (bias != nullptr && o < d) ? Cvt<T>::to_f(bias[o]) : 0.f;
+      bv[j][e] = (bias != nullptr && o < d) ? to_float(bias[o]) : 0.f;
     }
   }
 
