@@ -381,6 +381,13 @@ eq_linear_fwd_narrow_mma_kernel(const T* __restrict__ x, const T* __restrict__ p
   }
 }
 
+// An attribute of the current device.
+cudaError_t device_attribute(cudaDeviceAttr attr, int& value) {
+  int dev = 0;
+  const cudaError_t err = cudaGetDevice(&dev);
+  return err == cudaSuccess ? cudaDeviceGetAttribute(&value, attr, dev) : err;
+}
+
 template <class T, int KC, int DN>
 cudaError_t launch_mma(const FwdParams& p, int sms, cudaStream_t stream) {
   using Cfg = NarrowMmaCfg<T, KC, DN>;
@@ -400,10 +407,9 @@ cudaError_t launch(const FwdParams& p, cudaStream_t stream) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
     if (err != cudaSuccess) return err;
   }
-  int dev = 0, sms = 0, smem_sm = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+  int sms = 0, smem_sm = 0;
+  cudaError_t err = device_attribute(cudaDevAttrMultiProcessorCount, sms);
+  if (err == cudaSuccess) err = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, smem_sm);
   if (err != cudaSuccess) return err;
   // Resident blocks: registers allow kMinBlocks (launch bounds), shared memory may allow fewer
   // (+ 1 KB per block that the driver reserves).
@@ -432,9 +438,8 @@ template <class T>
 cudaError_t dispatch(const FwdParams& p, cudaStream_t stream) {
   if constexpr (sizeof(T) == 2) {
     if (mma_ok(p)) {
-      int dev = 0, sms = 0;
-      cudaError_t err = cudaGetDevice(&dev);
-      if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      int sms = 0;
+      const cudaError_t err = device_attribute(cudaDevAttrMultiProcessorCount, sms);
       if (err != cudaSuccess) return err;
       if (p.d <= 16) return p.c <= 16 ? launch_mma<T, 16, 16>(p, sms, stream) : launch_mma<T, 32, 16>(p, sms, stream);
       return p.c <= 16 ? launch_mma<T, 16, 32>(p, sms, stream) : launch_mma<T, 32, 32>(p, sms, stream);
@@ -459,9 +464,8 @@ bool wide_fp32_fits(const FwdParams& p) {
   const int need = p.c <= 32 ? NarrowCfg<float, 32, 64>::kSmemBytes
                    : p.d <= 32 ? NarrowCfg<float, 64, 32>::kSmemBytes
                                : NarrowCfg<float, 64, 64>::kSmemBytes;
-  int dev = 0, optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+  int optin = 0;
+  if (device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, optin) != cudaSuccess) {
     cudaGetLastError();  // do not leave a query failure for a later launch check to report
     return false;
   }
