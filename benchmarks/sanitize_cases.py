@@ -14,6 +14,12 @@ SHAPES = [(1, 1, 1), (7, 3, 59), (129, 59, 200), (300, 64, 64), (257, 200, 48), 
 SHAPES += [(17925, 16, 16)]  # more tiles than SMs: persistent blocks walk several
 SHAPES += [(257, 20, 31), (1000, 32, 32), (4097, 16, 8)]  # the narrow kernel's other tiles
 DIRECTIONS = sys.argv[1:] or ["fwd", "bwd"]  # which ops to exercise
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
 for dtype in (torch.float32, torch.float16, torch.bfloat16) if "fwd" in DIRECTIONS else ():
     for M, c, d in SHAPES:
         for bias in (True, False):
@@ -23,7 +29,7 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16) if "fwd" in DIRECTIO
             y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
             b64 = None if b is None else b.double()
             ref = reference.fourier_eq_linear(x.double(), planes.double(), b64, 4)
-            err = ((y.double() - ref).norm() / ref.norm()).item()
+            err = rel_err(y, ref)
             assert err < TOL[dtype], (dtype, M, c, d, err)
 # FP32 with TF32 allowed: group DFT, cuBLAS GEMMs, inverse DFT + bias.
 torch.backends.cuda.matmul.allow_tf32 = "fwd" in DIRECTIONS
@@ -32,7 +38,7 @@ for M, c, d in SHAPES if "fwd" in DIRECTIONS else ():
     planes = torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5
     b = torch.randn(d, device="cuda")
     ref = reference.fourier_eq_linear(x.double(), planes.double(), b.double(), 4)
-    err = ((torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b).double() - ref).norm() / ref.norm()).item()
+    err = rel_err(torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b), ref)
     assert err < 5e-3, ("tf32", M, c, d, err)
 torch.backends.cuda.matmul.allow_tf32 = False
 # Exact FP32 narrow tiles for c or d in 33 .. 64 (taken when forced), vector and element paths.
@@ -44,7 +50,7 @@ for M, c, d in [(1000, 64, 64), (257, 48, 59), (4097, 33, 64), (129, 64, 20)] if
         b = torch.randn(d, device="cuda")
         ref = reference.fourier_eq_linear(xi.double(), planes.double(), b.double(), 4)
         y = torch.ops.flash_eqlinear.eq_linear_fwd(xi, planes, b)
-        assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-5, ("narrow fp32", M, c, d)
+        assert rel_err(y, ref) < 1e-5, ("narrow fp32", M, c, d)
 del os.environ["FLASH_EQLINEAR_NARROW"]
 # Weight gradient (grad_planes, grad_bias): ragged shapes, including a larger M (split over M).
 for dtype in (torch.float32, torch.float16, torch.bfloat16) if "bwd" in DIRECTIONS else ():
@@ -57,7 +63,7 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16) if "bwd" in DIRECTIO
         _, gb_dft = torch.ops.flash_eqlinear.eq_group_dft(gy, False, True)
         _, rp, rb = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes, (False, True, True))
         for got, ref in ((gp, rp), (gb, rb), (gb_dft, rb)):
-            err = ((got.double() - ref).norm() / ref.norm()).item()
+            err = rel_err(got, ref)
             assert err < TOL[dtype], ("bwd_weight", dtype, M, c, d, err)
 torch.cuda.synchronize()
 print("sanitize cases OK")
