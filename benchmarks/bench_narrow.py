@@ -11,7 +11,6 @@ Usage: python benchmarks/bench_narrow.py [--dtypes fp32,tf32,fp16,bf16] [--out N
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_op import DTYPES, graphed  # noqa: E402
-from common import bench, environment, measure_ceilings, n_buffers, save_json  # noqa: E402
+from common import bench, env_switch, environment, measure_ceilings, n_buffers, save_json  # noqa: E402
 
 import flash_eqlinear as fe  # noqa: E402
 from flash_eqlinear import reference  # noqa: E402
@@ -32,11 +31,8 @@ SHAPES_FP32 = [(32, 64), (64, 32), (48, 48), (64, 64)]  # exact FP32 has narrow 
 
 def timed(fn, xs, narrow: bool) -> float:
     """ms per call of fn over xs, the kernel choice fixed when the graph is captured."""
-    os.environ["FLASH_EQLINEAR_NARROW"] = "1" if narrow else "0"
-    try:
+    with env_switch("FLASH_EQLINEAR_NARROW", "1" if narrow else "0"):
         replay = graphed(fn, xs)
-    finally:
-        del os.environ["FLASH_EQLINEAR_NARROW"]
     return bench(replay, [()], min_time_s=0.2) / len(xs)
 
 

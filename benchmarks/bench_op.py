@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import bench, environment, measure_ceilings, n_buffers, save_json  # noqa: E402
+from common import bench, env_switch, environment, measure_ceilings, n_buffers, save_json  # noqa: E402
 
 import flash_eqlinear as fe  # noqa: E402
 from flash_eqlinear import reference  # noqa: E402
@@ -77,11 +77,8 @@ def precision(y, ref) -> dict:
 
 def portable(op, *args, **kwargs):
     """op(*args, **kwargs) with the Hopper kernels switched off (the portable path, for comparison)."""
-    os.environ["FLASH_EQLINEAR_SM90"] = "0"
-    try:
+    with env_switch("FLASH_EQLINEAR_SM90", "0"):
         return op(*args, **kwargs)
-    finally:
-        del os.environ["FLASH_EQLINEAR_SM90"]
 
 
 def run_case(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int) -> dict:

@@ -6,11 +6,27 @@ import json
 import os
 import statistics
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@contextmanager
+def env_switch(name: str, value: str):
+    """The environment variable ``name`` set to ``value`` inside the block, restored after (the
+    kernels read their FLASH_EQLINEAR_* switches at each call)."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
 
 
 def git_commit() -> str:
