@@ -102,7 +102,7 @@ class _EQLinearBase(nn.Module):
         with torch.no_grad():
             lin.weight.copy_(self.dense_weight())
             if self.bias is not None:
-                lin.bias.copy_(self.bias.repeat_interleave(self.group_size))
+                lin.bias.copy_(reference.dense_bias(self.bias, self.group_size))
         return lin
 
 
@@ -147,7 +147,7 @@ class NaiveEQLinear(_EQLinearBase):
             return reference.naive_eq_linear(x, w, b, self.group_size, self.circulant_index)
         T = reference.check_inputs(x, w, b, self.group_size, "group")[0]  # the same errors as uncached
         dense = self._cached_dense(w)
-        return F.linear(x, dense, None if b is None else b[:, None].expand(-1, T).reshape(-1))
+        return F.linear(x, dense, reference.dense_bias(b, T))
 
     def _cached_dense(self, w: torch.Tensor) -> torch.Tensor:
         """The dense weight of ``w`` (the weight, possibly cast by autocast), reused while the

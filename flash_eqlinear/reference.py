@@ -108,8 +108,13 @@ def dense_weight(w: torch.Tensor, index: torch.Tensor | None = None) -> torch.Te
     return dense.reshape(d * T, c * T)
 
 
+def dense_bias(bias: torch.Tensor | None, group_size: int) -> torch.Tensor | None:
+    """The ``(D,)`` bias of the dense layer: ``b[o]`` for each of the T copies (index ``o*T + t``)."""
+    return None if bias is None else bias[:, None].expand(-1, group_size).reshape(-1)
+
+
 def naive_eq_linear(x, w, bias=None, group_size: int = 4, index: torch.Tensor | None = None) -> torch.Tensor:
-    """EQ-Linear by dense expansion: ``F.linear(x, dense_weight(w), repeat(bias))``.
+    """EQ-Linear by dense expansion: ``F.linear(x, dense_weight(w), dense_bias(bias))``.
 
     x (..., c*T); w (d, c, T) or (d, 1, c, T); bias (d,) or (d, 1) or None -> (..., d*T);
     ``index``: an optional cached :func:`circulant_index` (saves its small kernels per call).
@@ -118,8 +123,7 @@ def naive_eq_linear(x, w, bias=None, group_size: int = 4, index: torch.Tensor | 
     if isinstance(bias, torch.Tensor) and bias.dim() == 2 and bias.shape[1] == 1:
         bias = bias.reshape(-1)
     T, _, _ = check_inputs(x, w, bias, group_size, "group")
-    b = None if bias is None else bias[:, None].expand(-1, T).reshape(-1)
-    return F.linear(x, dense_weight(w, index), b)
+    return F.linear(x, dense_weight(w, index), dense_bias(bias, T))
 
 
 def _analysis(v: torch.Tensor, T: int, scale: list[float] | None = None) -> torch.Tensor:
