@@ -1,4 +1,4 @@
-"""Operator benchmark of the p4 EQ-Linear forward or backward.
+"""Operator benchmark of the p4 EQ-Linear forward, backward or training step (forward + backward).
 
 For M = B*N rows (default 32 x 1024), T = 4, C = D = 4c: forward latency of F.linear (cuBLAS, the
 dense block-circulant weight), NaiveEQLinear (expansion + F.linear), the reference Fourier path
@@ -6,16 +6,19 @@ dense block-circulant weight), NaiveEQLinear (expansion + F.linear), the referen
 over F.linear; and a precision table against float64. All timings in one run, CUDA graphs of
 rotated inputs (several times L2), medians of CUDA-event samples.
 
-Usage: python benchmarks/bench_op.py [--direction fwd|bwd] [--dtypes fp32,tf32,fp16,bf16] [--cs 16,...]
+Usage: python benchmarks/bench_op.py [--direction fwd|bwd|train] [--dtypes fp32,tf32,fp16,bf16] [--cs 16,...]
 ("tf32": float32 with torch.backends.cuda.matmul.allow_tf32 on, for F.linear and ours alike.)
 The backward mode times all three gradients (autograd.grad over retained graphs, no CUDA graphs)
-and reports the worst gradient's relative error in its table (all three in the JSON).
+and reports the worst gradient's relative error in its table (all three in the JSON); the train
+mode times the forward and that backward together (no CUDA graphs). On Hopper in fp16 / bf16 both
+also time the layer saving x instead of its transform planes ("save-x") and the portable kernels.
 Then: python benchmarks/plot.py benchmarks/results/NAME.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -46,6 +49,7 @@ def peak_tflops(ceilings: dict, dtype_name: str) -> float:
 
 
 CS = [16, 32, 64, 128, 256, 512, 1024, 2048]
+EXTRA = ("flash_save_x", "flash_portable")  # the layer's other paths, timed where they differ
 
 
 def graphed(fn, args_list):
@@ -132,8 +136,27 @@ def run_case(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int) ->
     return row
 
 
-def run_case_bwd(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int) -> dict:
-    """Backward (grad input + grad weight + grad bias) of the four implementations."""
+@contextlib.contextmanager
+def saving_x():
+    """The layer's forward saving x rather than its transform planes (fe.ops.SAVE_PLANES off)."""
+    old = fe.ops.SAVE_PLANES
+    fe.ops.SAVE_PLANES = False
+    try:
+        yield
+    finally:
+        fe.ops.SAVE_PLANES = old
+
+
+@contextlib.contextmanager
+def portable_saving_x():
+    """The path of other GPUs: x saved, no Hopper kernels."""
+    with saving_x(), env_switch("FLASH_EQLINEAR_SM90", "0"):
+        yield
+
+
+def run_case_bwd(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int, train=False) -> dict:
+    """Backward (grad input + grad weight + grad bias) of the four implementations; with train, the
+    forward and backward together."""
     dt = DTYPES[dtype_name]
     C = D = 4 * c
     g = torch.Generator(device="cuda").manual_seed(c)
@@ -156,27 +179,32 @@ def run_case_bwd(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int
         "fourier_ref": (lambda x: reference.fourier_eq_linear(x, planes, bias, 4), (planes, bias)),
         "flash": (lambda x: fe.flash_eq_linear(x, planes, bias, 4), (planes, bias)),
     }
-    row = {"dtype": dtype_name, "c": c, "C": C, "D": D, "M": M, "buffers": nb, "direction": "bwd"}
-    dense_flops = 4 * M * C * D  # grad input + grad weight
+    row = {"dtype": dtype_name, "c": c, "C": C, "D": D, "M": M, "buffers": nb}
+    row["direction"] = "train" if train else "bwd"
+    dense_flops = (6 if train else 4) * M * C * D  # (forward +) grad input + grad weight
     our_flops = dense_flops * 6 / 16
     peak = peak_tflops(ceilings, dtype_name)
     row["floor_compute_ms"] = our_flops / (peak * 1e9)
-    row["floor_memory_ms"] = (3 * M * C + 8 * c * c) * elt / (ceilings["copy_tbps"] * 1e9)
+    row["floor_memory_ms"] = ((5 if train else 3) * M * C + 8 * c * c) * elt / (ceilings["copy_tbps"] * 1e9)
     row["floor_ms"] = max(row["floor_compute_ms"], row["floor_memory_ms"])
-    grad = lambda y, inputs: torch.autograd.grad(y, inputs, gy, retain_graph=True)  # noqa: E731
-    backwards = {name: grad for name in impls}
+    contexts = {name: contextlib.nullcontext for name in impls}
     if dt != torch.float32 and torch.cuda.get_device_capability()[0] == 9:
-        impls["flash_portable"] = impls["flash"]  # same forward, backward without the Hopper kernels
-        backwards["flash_portable"] = lambda y, inputs: portable(grad, y, inputs)
+        for name, ctx in (("flash_save_x", saving_x), ("flash_portable", portable_saving_x)):
+            impls[name], contexts[name] = impls["flash"], ctx
     for name, (fn, params) in impls.items():
-        graphs = []
-        for x in xs:  # one retained autograd graph per input buffer; only backward is timed
-            xl = x.detach().requires_grad_()
-            graphs.append((fn(xl), (xl, *params)))
-        ms = bench(backwards[name], graphs, 0.3)
+        with contexts[name]():
+            if train:
+                args = [(x.detach().requires_grad_(),) for x in xs]
+                ms = bench(lambda x: torch.autograd.grad(fn(x), (x, *params), gy), args, 0.3)  # noqa: B023
+            else:  # one retained autograd graph per input buffer; only backward is timed
+                graphs = []
+                for x in xs:
+                    xl = x.detach().requires_grad_()
+                    graphs.append((fn(xl), (xl, *params)))
+                ms = bench(lambda y, inp: torch.autograd.grad(y, inp, gy, retain_graph=True), graphs, 0.3)
+                del graphs
         flops = dense_flops if name in ("F.linear", "naive") else our_flops
         row[name] = {"ms": ms, "tflops": flops / ms / 1e9, "pct_peak": 100 * flops / ms / 1e9 / peak}
-        del graphs
     for name in impls:
         row[name]["speedup_vs_linear"] = row["F.linear"]["ms"] / row[name]["ms"]
     row["flash"]["pct_of_floor"] = 100 * row["floor_ms"] / row["flash"]["ms"]
@@ -208,8 +236,9 @@ def markdown(rows, ceilings, env) -> str:
         + ", ".join(f"{k} {v:.1f}" for k, v in ceilings.items()),
         "",
         "| dtype | c | C=D | F.linear ms | naive ms | fourier-ref ms | flash ms | flash TFLOP/s (% peak)"
-        " | floor ms | flash x F.linear | ref x F.linear | portable flash ms | rel L2 flash / F.linear |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " | floor ms | flash x F.linear | ref x F.linear | save-x flash ms | portable flash ms"
+        " | rel L2 flash / F.linear |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         p = r["precision"]
@@ -220,10 +249,8 @@ def markdown(rows, ceilings, env) -> str:
             f"{r['fourier_ref']['ms']:.4f} | {r['flash']['ms']:.4f} | {r['flash']['tflops']:.1f} "
             f"({r['flash']['pct_peak']:.0f}%) | {r['floor_ms']:.4f} | "
             f"**{r['flash']['speedup_vs_linear']:.2f}x** | {r['fourier_ref']['speedup_vs_linear']:.2f}x | "
-            + (
-                f"{r['flash_portable']['ms']:.4f} ({r['flash_portable']['speedup_vs_linear']:.2f}x) | "
-                if "flash_portable" in r
-                else "- | "
+            + "".join(
+                f"{r[k]['ms']:.4f} ({r[k]['speedup_vs_linear']:.2f}x) | " if k in r else "- | " for k in EXTRA
             )
             + f"{p['flash']['rel_l2']:.2e} / {p['F.linear']['rel_l2']:.2e} |"
         )
@@ -237,7 +264,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--prec-rows", type=int, default=4096)
-    ap.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
+    ap.add_argument("--direction", choices=("fwd", "bwd", "train"), default="fwd")
     ap.add_argument("--out", default=None, help="JSON file name under benchmarks/results/")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() or not fe.kernels_available():
@@ -256,19 +283,21 @@ def main(argv=None) -> int:
         else:
             os.environ.pop("FLASH_EQLINEAR_FP32", None)
         for c in map(int, args.cs.split(",")):
-            case = run_case if args.direction == "fwd" else run_case_bwd
-            r = case(dn, c, M, ceilings, args.prec_rows)
+            if args.direction == "fwd":
+                r = run_case(dn, c, M, ceilings, args.prec_rows)
+            else:
+                r = run_case_bwd(dn, c, M, ceilings, args.prec_rows, train=args.direction == "train")
             rows.append(r)
             fl, ref = r["flash"], r["fourier_ref"]
             print(
                 f"{dn} c={c:5d}: F.linear {r['F.linear']['ms']:.4f} ms, flash {fl['ms']:.4f} ms "
                 f"({fl['speedup_vs_linear']:.2f}x), ref {ref['speedup_vs_linear']:.2f}x, "
                 f"floor {r['floor_ms']:.4f} ms"
-                + (f", portable {r['flash_portable']['ms']:.4f} ms" if "flash_portable" in r else ""),
+                + "".join(f", {k[6:]} {r[k]['ms']:.4f} ms" for k in EXTRA if k in r),
                 flush=True,
             )
             torch.cuda.empty_cache()
-    kind = {"fwd": "op_forward", "bwd": "op_backward"}[args.direction]
+    kind = {"fwd": "op_forward", "bwd": "op_backward", "train": "op_train_step"}[args.direction]
     payload = {"benchmark": kind, "env": env, "ceilings": ceilings, "M": M, "rows": rows}
     name = args.out or f"op_{args.direction}_{env['gpu'].replace(' ', '_')}_{env['commit']}.json"
     path = save_json(name, payload)

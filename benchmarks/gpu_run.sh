@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build, GPU tests, compute-sanitizer, benchmarks on a CUDA machine; full logs under $OUT
 # (default /tmp/out), a short summary last.
-# Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-bwd] [bench-3xtf32] [profile-bwd] [profile-net] [net] [bench-quick] [narrow]
+# Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-bwd] [bench-train] [bench-3xtf32] [profile-bwd] [profile-net] [net] [bench-quick] [narrow]
 # (default: build test sanitize bench)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -28,7 +28,7 @@ fi
 if has sanitize; then
   for tool in memcheck racecheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 python3 benchmarks/sanitize_cases.py >"$OUT/sanitize_$tool.log" 2>&1
-    summary+=("compute-sanitizer $tool rc=$? ($(grep -c 'ERROR SUMMARY: 0' "$OUT/sanitize_$tool.log") clean summaries)")
+    summary+=("compute-sanitizer $tool rc=$? ($(grep -cE '(ERROR|RACECHECK) SUMMARY: 0' "$OUT/sanitize_$tool.log") clean summaries)")
   done
 fi
 if has bench; then
@@ -40,6 +40,11 @@ if has bench-bwd; then
   python3 benchmarks/bench_op.py --direction bwd ${BENCH_BWD_ARGS:-} >"$OUT/bench_bwd.log" 2>&1
   summary+=("bench-bwd rc=$?")
   grep "c=" "$OUT/bench_bwd.log"
+fi
+if has bench-train; then  # forward + backward; BENCH_TRAIN_ARGS as BENCH_BWD_ARGS
+  python3 benchmarks/bench_op.py --direction train ${BENCH_TRAIN_ARGS:-} >"$OUT/bench_train.log" 2>&1
+  summary+=("bench-train rc=$?")
+  grep "c=" "$OUT/bench_train.log"
 fi
 if has bench-3xtf32; then  # the split-precision FP32 mode against exact FP32, same run
   python3 benchmarks/bench_op.py --dtypes fp32,3xtf32 --cs 512,1024,2048 --out "op_fwd_3xtf32_${FLASH_EQLINEAR_COMMIT:-local}.json" >"$OUT/bench_3xtf32.log" 2>&1

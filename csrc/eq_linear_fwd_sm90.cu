@@ -77,8 +77,9 @@ constexpr int kSmem = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barr
 struct Sm90Params {
   const void* bias;  // (d,) or nullptr
   void* y;           // (M, d, 4)
+  void* xf;          // (4, M, c) planes of x's transform as the A operand holds it, or nullptr (16-bit only)
   int64_t M;
-  int d, k_tiles, num_m, num_n;
+  int c, d, k_tiles, num_m, num_n;
 };
 
 // Tile i of the persistent walk -> (first row, first output channel). (A template only so that
@@ -111,6 +112,26 @@ __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t
   F2 = to_tf32(f2);
   FR = to_tf32(fr);
   FI = to_tf32(fi);
+}
+
+// x's transform of rows m_lo, m_lo + 8 and channel pairs (k, k+1), (k+8, k+9) (fragment registers
+// r: row + 8 (r & 1), k + 8 (r >> 1)) into the planes [F0, F2, FR, FI] of p.xf (4, M, c). c % 8 == 0:
+// a pair is inside or outside as a whole. (A template for the reason given at tile_origin.)
+template <int = 0>
+__device__ __forceinline__ void store_xf(const Sm90Params& p, const uint32_t (&f)[4][4], int64_t m_lo, int k) {
+  uint32_t* xf = static_cast<uint32_t*>(p.xf);  // word index = element index / 2 (k even, c even)
+  const int64_t plane = p.M * p.c / 2;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int64_t m = m_lo + 8 * (r & 1);
+    const int kk = k + 8 * (r >> 1);
+    if (m >= p.M || kk >= p.c) continue;
+    uint32_t* q = xf + (m * p.c + kk) / 2;
+    q[0] = f[0][r];
+    q[plane] = f[3][r];
+    q[2 * plane] = f[1][r];
+    q[3 * plane] = f[2][r];
+  }
 }
 
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
@@ -160,6 +181,10 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
       v[2] = lds128(xs + x_second);
       v[3] = lds128(xs + x_second + 8 * 128);
     };
+    // The tiles of the first output-channel block also store x's transform (every other block of the
+    // same rows computes the same values): row m's channels k, k+1 of each plane as one 32-bit word.
+    const bool emit = sizeof(T) == 2 && p.xf != nullptr && n0 == 0;
+    const int64_t m_lo = static_cast<int64_t>(m0) + row;
     mbar_wait(full_bar + 8 * (it % kStages), (it / kStages) & 1);
     load_x(base + (it % kStages) * kStageBytes);
     for (int kt = 0; kt < KT; ++kt, ++it) {
@@ -176,6 +201,9 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
           else
             xform_tf32(raw, f[0][r], f[1][r], f[2][r], f[3][r]);
         }
+        // Before the wgmma that reads them: A registers may not be touched while a group is in flight.
+        if constexpr (sizeof(T) == 2)
+          if (emit) store_xf(p, f, m_lo, kt * kBK<T> + ks * 16 + 2 * t);
         const uint64_t dk = desc0 + ((s * kStageBytes + ks * 32) >> 4);
         const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
         wgmma_fence();
@@ -347,7 +375,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   constexpr int kE = sizeof(T);
   if (!sm90_path_enabled() || p.M <= 0 || p.M > 0x7fffffff - kBM || (p.c * kE) % 16 != 0 || p.d % 2 != 0 ||
       p.c > 0x3fffffff / 4 || p.d > 0x7fffffff - kBN || !aligned16(p.x) || !aligned16(p.planes) || !aligned16(p.y) ||
-      reinterpret_cast<uintptr_t>(p.bias) % (2 * kE) != 0)
+      !aligned16(p.xf) || reinterpret_cast<uintptr_t>(p.bias) % (2 * kE) != 0)
     return cudaSuccess;
   int dev = 0, major = 0, smem_optin = 0, num_sms = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -374,7 +402,9 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   Sm90Params kp;
   kp.bias = p.bias;
   kp.y = p.y;
+  kp.xf = kE == 2 ? p.xf : nullptr;
   kp.M = p.M;
+  kp.c = static_cast<int>(p.c);
   kp.d = static_cast<int>(p.d);
   kp.k_tiles = static_cast<int>((p.c + kBK<T> - 1) / kBK<T>);
   kp.num_m = static_cast<int>(num_m);
