@@ -114,23 +114,36 @@ __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t
   FI = to_tf32(fi);
 }
 
-// x's transform of rows m_lo, m_lo + 8 and channel pairs (k, k+1), (k+8, k+9) (fragment registers
-// r: row + 8 (r & 1), k + 8 (r >> 1)) into the planes [F0, F2, FR, FI] of p.xf (4, M, c). c % 8 == 0:
-// a pair is inside or outside as a whole. (A template for the reason given at tile_origin.)
-template <int = 0>
-__device__ __forceinline__ void store_xf(const Sm90Params& p, const uint32_t (&f)[4][4], int64_t m_lo, int k) {
+// x's transform of one raw 16-byte chunk (channels k, k+1: words x = (k: x0, x1), y = (k: x2, x3),
+// z, w likewise for k+1) as stored in p.xf: FP32 arithmetic and one rounding per value, as the
+// group-DFT pass rounds (xform_h2 rounds f0 and f2 twice: fine for the forward's products, but the
+// weight gradient sums M of these products and measurably lost accuracy).
+template <class T>
+__device__ __forceinline__ void xform_store(const uint4 v, uint32_t* q, int64_t plane) {
+  const float2 a01 = Elem<T>::unpack(v.x), a23 = Elem<T>::unpack(v.y);
+  const float2 b01 = Elem<T>::unpack(v.z), b23 = Elem<T>::unpack(v.w);
+  float a0, ar, ai, a2, b0, br, bi, b2;
+  dft4<Elem<T>::kHalve>(a01.x, a01.y, a23.x, a23.y, a0, ar, ai, a2);
+  dft4<Elem<T>::kHalve>(b01.x, b01.y, b23.x, b23.y, b0, br, bi, b2);
+  q[0] = Elem<T>::pack(a0, b0);
+  q[plane] = Elem<T>::pack(a2, b2);
+  q[2 * plane] = Elem<T>::pack(ar, br);
+  q[3 * plane] = Elem<T>::pack(ai, bi);
+}
+
+// x's transform of rows m_lo, m_lo + 8 and channel pairs (k, k+1), (k+8, k+9) (the raw chunks v of
+// the step, selected per fragment register r as in the main loop: row + 8 (r & 1), k + 8 (r >> 1))
+// into the planes [F0, F2, FR, FI] of p.xf (4, M, c). c % 8 == 0: a pair is inside or outside as a whole.
+template <class T>
+__device__ __forceinline__ void store_xf(const Sm90Params& p, const uint4 (&v)[4], int odd, int64_t m_lo, int k) {
   uint32_t* xf = static_cast<uint32_t*>(p.xf);  // word index = element index / 2 (k even, c even)
   const int64_t plane = p.M * p.c / 2;
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const int64_t m = m_lo + 8 * (r & 1);
     const int kk = k + 8 * (r >> 1);
-    if (m >= p.M || kk >= p.c) continue;
-    uint32_t* q = xf + (m * p.c + kk) / 2;
-    q[0] = f[0][r];
-    q[plane] = f[3][r];
-    q[2 * plane] = f[1][r];
-    q[3 * plane] = f[2][r];
+    if (m < p.M && kk < p.c)
+      xform_store<T>((r >> 1) == odd ? v[r & 1] : v[2 + (r & 1)], xf + (m * p.c + kk) / 2, plane);
   }
 }
 
@@ -203,7 +216,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
         }
         // Before the wgmma that reads them: A registers may not be touched while a group is in flight.
         if constexpr (sizeof(T) == 2)
-          if (emit) store_xf(p, f, m_lo, kt * kBK<T> + ks * 16 + 2 * t);
+          if (emit) store_xf<T>(p, v, odd, m_lo, kt * kBK<T> + ks * 16 + 2 * t);
         const uint64_t dk = desc0 + ((s * kStageBytes + ks * 32) >> 4);
         const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
         wgmma_fence();
