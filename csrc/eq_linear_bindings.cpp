@@ -337,9 +337,10 @@ std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool inp
 }
 
 // The planes of the adjoint map (4, c, d) of planes (4, d, c): transposed, PI negated. grad_x is the
-// forward on them.
+// forward on them. Always a copy: for c = 1 or d = 1 the transpose is already contiguous, and
+// .contiguous() would return a view whose negation changed the caller's weights.
 at::Tensor adjoint_planes(const at::Tensor& planes) {
-  at::Tensor adj = planes.transpose(1, 2).contiguous();
+  at::Tensor adj = planes.transpose(1, 2).clone(at::MemoryFormat::Contiguous);
   adj.select(0, 2).neg_();
   return adj;
 }

@@ -574,15 +574,18 @@ def test_group_dft_planes(M, n, input, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("gemm", [False, True])
 @pytest.mark.parametrize("needs", [(1, 1, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1)])
-def test_backward_op(dtype, gemm, needs):
-    # The one-call backward: each requested gradient against float64, empty (0,) tensors otherwise.
-    M, c, d = 301, 24, 40
+@pytest.mark.parametrize("M, c, d", [(301, 24, 40), (7, 1, 5), (7, 3, 1)])
+def test_backward_op(M, c, d, dtype, gemm, needs):
+    # The one-call backward: each requested gradient against float64, empty (0,) tensors otherwise;
+    # the planes are left as they were (c = 1 or d = 1: the adjoint must be a copy, not a view).
     x, planes, _ = make(M, c, d, dtype)
     gy = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
     needs = tuple(map(bool, needs))
     args = (gy, x, planes, *needs, gemm)
-    got = torch.ops.flash_eqlinear.eq_linear_bwd(*args)
     want = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double())
+    before = planes.clone()
+    got = torch.ops.flash_eqlinear.eq_linear_bwd(*args)
+    assert torch.equal(planes, before)
     tol = 1e-5 if dtype == torch.float32 else 4 * ROUNDOFF[dtype]
     for need, g, w in zip(needs, got, want, strict=True):
         assert (g.shape == w.shape and rel_l2(g, w) < tol) if need else g.numel() == 0
@@ -600,6 +603,8 @@ PLANES_SHAPES = [
     (257, 59, 48),
     (4097, 16, 200),
     (7, 3, 5),
+    (7, 1, 5),
+    (7, 3, 1),
     (0, 16, 8),
 ]
 
@@ -615,7 +620,8 @@ def test_forward_saving_planes(M, c, d, dtype):
     assert xf.shape == (4, M, c) and xf.dtype == dtype
     if M:
         assert rel_l2(xf, want) < (2e-7 if dtype == torch.float32 else 2 * ROUNDOFF[dtype])
-    torch.library.opcheck(torch.ops.flash_eqlinear.eq_linear_fwd_xf.default, (x, planes, b))
+    if M:
+        torch.library.opcheck(torch.ops.flash_eqlinear.eq_linear_fwd_xf.default, (x, planes, b))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -629,8 +635,10 @@ def test_backward_from_planes_op(dtype, M, c, d, needs):
     xf = torch.ops.flash_eqlinear.eq_linear_fwd_xf(x, planes, None)[1]
     needs = tuple(map(bool, needs))
     args = (gy, xf, planes, *needs)
-    got = torch.ops.flash_eqlinear.eq_linear_bwd_xf(*args)
     want = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double())
+    before = planes.clone()
+    got = torch.ops.flash_eqlinear.eq_linear_bwd_xf(*args)
+    assert torch.equal(planes, before)  # the adjoint is a copy (c = 1 or d = 1 included)
     tol = 1e-5 if dtype == torch.float32 else 4 * ROUNDOFF[dtype]
     for need, g, w in zip(needs, got, want, strict=True):
         if not need:
