@@ -10,8 +10,8 @@ Usage: python benchmarks/bench_op.py [--direction fwd|bwd|train] [--dtypes fp32,
 ("tf32": float32 with torch.backends.cuda.matmul.allow_tf32 on, for F.linear and ours alike.)
 The backward mode times all three gradients (autograd.grad over retained graphs, no CUDA graphs)
 and reports the worst gradient's relative error in its table (all three in the JSON); the train
-mode times the forward and that backward together (no CUDA graphs). On Hopper in fp16 / bf16 both
-also time the layer saving x instead of its transform planes ("save-x") and the portable kernels.
+mode times the forward and that backward together (no CUDA graphs). On Hopper in fp16 / bf16 all
+three modes also time the portable kernels.
 Then: python benchmarks/plot.py benchmarks/results/NAME.json
 """
 
@@ -49,7 +49,6 @@ def peak_tflops(ceilings: dict, dtype_name: str) -> float:
 
 
 CS = [16, 32, 64, 128, 256, 512, 1024, 2048]
-EXTRA = ("flash_save_x", "flash_portable")  # the layer's other paths, timed where they differ
 
 
 def graphed(fn, args_list):
@@ -136,24 +135,6 @@ def run_case(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int) ->
     return row
 
 
-@contextlib.contextmanager
-def saving_x():
-    """The layer's forward saving x rather than its transform planes (fe.ops.SAVE_PLANES off)."""
-    old = fe.ops.SAVE_PLANES
-    fe.ops.SAVE_PLANES = False
-    try:
-        yield
-    finally:
-        fe.ops.SAVE_PLANES = old
-
-
-@contextlib.contextmanager
-def portable_saving_x():
-    """The path of other GPUs: x saved, no Hopper kernels."""
-    with saving_x(), env_switch("FLASH_EQLINEAR_SM90", "0"):
-        yield
-
-
 def run_case_bwd(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int, train=False) -> dict:
     """Backward (grad input + grad weight + grad bias) of the four implementations; with train, the
     forward and backward together."""
@@ -188,9 +169,9 @@ def run_case_bwd(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int
     row["floor_memory_ms"] = ((5 if train else 3) * M * C + 8 * c * c) * elt / (ceilings["copy_tbps"] * 1e9)
     row["floor_ms"] = max(row["floor_compute_ms"], row["floor_memory_ms"])
     contexts = {name: contextlib.nullcontext for name in impls}
-    if dt != torch.float32 and torch.cuda.get_device_capability()[0] == 9:
-        for name, ctx in (("flash_save_x", saving_x), ("flash_portable", portable_saving_x)):
-            impls[name], contexts[name] = impls["flash"], ctx
+    if dt != torch.float32 and torch.cuda.get_device_capability()[0] == 9:  # the portable kernels too
+        impls["flash_portable"] = impls["flash"]
+        contexts["flash_portable"] = lambda: env_switch("FLASH_EQLINEAR_SM90", "0")
     for name, (fn, params) in impls.items():
         with contexts[name]():
             if train:
@@ -236,9 +217,8 @@ def markdown(rows, ceilings, env) -> str:
         + ", ".join(f"{k} {v:.1f}" for k, v in ceilings.items()),
         "",
         "| dtype | c | C=D | F.linear ms | naive ms | fourier-ref ms | flash ms | flash TFLOP/s (% peak)"
-        " | floor ms | flash x F.linear | ref x F.linear | save-x flash ms | portable flash ms"
-        " | rel L2 flash / F.linear |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " | floor ms | flash x F.linear | ref x F.linear | portable flash ms | rel L2 flash / F.linear |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         p = r["precision"]
@@ -249,8 +229,10 @@ def markdown(rows, ceilings, env) -> str:
             f"{r['fourier_ref']['ms']:.4f} | {r['flash']['ms']:.4f} | {r['flash']['tflops']:.1f} "
             f"({r['flash']['pct_peak']:.0f}%) | {r['floor_ms']:.4f} | "
             f"**{r['flash']['speedup_vs_linear']:.2f}x** | {r['fourier_ref']['speedup_vs_linear']:.2f}x | "
-            + "".join(
-                f"{r[k]['ms']:.4f} ({r[k]['speedup_vs_linear']:.2f}x) | " if k in r else "- | " for k in EXTRA
+            + (
+                f"{r['flash_portable']['ms']:.4f} ({r['flash_portable']['speedup_vs_linear']:.2f}x) | "
+                if "flash_portable" in r
+                else "- | "
             )
             + f"{p['flash']['rel_l2']:.2e} / {p['F.linear']['rel_l2']:.2e} |"
         )
@@ -293,7 +275,7 @@ def main(argv=None) -> int:
                 f"{dn} c={c:5d}: F.linear {r['F.linear']['ms']:.4f} ms, flash {fl['ms']:.4f} ms "
                 f"({fl['speedup_vs_linear']:.2f}x), ref {ref['speedup_vs_linear']:.2f}x, "
                 f"floor {r['floor_ms']:.4f} ms"
-                + "".join(f", {k[6:]} {r[k]['ms']:.4f} ms" for k in EXTRA if k in r),
+                + (f", portable {r['flash_portable']['ms']:.4f} ms" if "flash_portable" in r else ""),
                 flush=True,
             )
             torch.cuda.empty_cache()

@@ -44,7 +44,6 @@ def case(dt, M: int, c: int) -> dict:
     idx = reference.circulant_index(4, "cuda")
     adj = reference.adjoint_planes(planes).contiguous()
     xf = eqf.eq_group_dft(x, True, False)[0]
-    x_planes = eqf.eq_linear_fwd_xf(x, planes, None)[1]  # the planes-saving training path's operand
     gf = eqf.eq_group_dft(gy, False, True)[0]
 
     all_grads = (True, True, True, True)  # needs_x, needs_p, needs_b, gemm
@@ -84,11 +83,6 @@ def case(dt, M: int, c: int) -> dict:
         "gemms": timed(gemms),
         "bwd_op": timed(lambda x, g: eqf.eq_linear_bwd(g, x, planes, *all_grads), x, gy),
         "bwd_port": timed(lambda x, g: portable(eqf.eq_linear_bwd, g, x, planes, *all_grads), x, gy),
-        # the planes-saving path: forward and grad_x passes that also write the planes, the backward
-        "fwd": timed(lambda x: eqf.eq_linear_fwd(x, planes, None), x),
-        "fwd_xf": timed(lambda x: eqf.eq_linear_fwd_xf(x, planes, None), x),
-        "gx_gf": timed(lambda g: eqf.eq_linear_fwd_xf(g, adj, None), gy),
-        "bwd_xf_op": timed(lambda f, g: eqf.eq_linear_bwd_xf(g, f, planes, True, True, True), x_planes, gy),
     }
 
 

@@ -149,16 +149,8 @@ void eq_linear_fwd_3xtf32(const at::Tensor& x, const at::Tensor& planes, const a
 }
 
 // x (M, 4c), planes (4, d, c), bias (d,) or None -> y (M, 4d); all one dtype, on one CUDA device.
-std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool input, bool sum);
-
-// Scale of x's transform planes in the xf layout (FwdParams::xf): F = scale * f.
-double xf_scale(at::ScalarType dtype) { return dtype == at::kHalf ? 0.5 : 1.0; }
-
-// The forward: x (M, 4c), planes (4, d, c), bias (d,) or none -> y (M, 4d). With xf, also x's
-// transform planes (4, M, c) [F0, F2, FR, FI] (F = xf_scale * f): written by the Hopper kernel as it
-// goes where that kernel runs, else by a group-DFT pass over x.
-at::Tensor eq_linear_fwd_impl(const at::Tensor& x, const at::Tensor& planes, const std::optional<at::Tensor>& bias,
-                              at::Tensor* xf) {
+at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
+                         const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.is_cuda() && planes.is_cuda(), "eq_linear_fwd: x and planes must be CUDA tensors, got ",
               x.device().str(), " and ", planes.device().str());
   TORCH_CHECK(x.device() == planes.device(), "eq_linear_fwd: x is on ", x.device().str(), " but planes on ",
@@ -188,31 +180,13 @@ at::Tensor eq_linear_fwd_impl(const at::Tensor& x, const at::Tensor& planes, con
   check_device_supported(x);
   const at::cuda::CUDAGuard guard(x.device());
   const at::Tensor xc = x.contiguous(), pc = planes.contiguous();
+  if (M == 0) return at::empty({M, 4 * d}, x.options());
   at::Tensor y = at::empty({M, 4 * d}, x.options());
-  if (xf != nullptr) {
-    *xf = at::empty({4, M, c}, x.options());
-  }
-  if (M == 0) return y;
   FwdParams p{xc.data_ptr(), pc.data_ptr(), b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), M, c, d};
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   cudaError_t err = cudaSuccess;
   const bool tf32 = dtype == at::kFloat && at::globalContext().allowTF32CuBLAS();
-  const bool narrow = eq_linear_fwd_narrow_applies(p, static_cast<int>(x.element_size()), tf32);
-  if (xf != nullptr) {
-    bool launched = false;
-    if (!narrow && dtype != at::kFloat) {  // the Hopper kernel stores the planes as it goes
-      p.xf = xf->data_ptr();
-      err = dtype == at::kHalf ? eq_linear_fwd_sm90_fp16(p, stream, &launched)
-                               : eq_linear_fwd_sm90_bf16(p, stream, &launched);
-      TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: kernel launch failed (M=", num(M), ", c=", num(c), ", d=",
-                  num(d), ", ", c10::toString(dtype), "): ", cudaGetErrorString(err));
-      p.xf = nullptr;
-    }
-    if (launched) return y;
-    *xf = std::get<0>(eq_group_dft_op(xc, false, false));  // unscaled [f0, f2, fR, fI]
-    if (dtype == at::kHalf) xf->mul_(xf_scale(dtype));
-  }
-  if (narrow) {
+  if (eq_linear_fwd_narrow_applies(p, static_cast<int>(x.element_size()), tf32)) {
     // Narrow layers: one streaming pass (FP32 in exact arithmetic also where TF32 is allowed).
     err = eq_linear_fwd_narrow(p, static_cast<int>(x.element_size()), dtype == at::kBFloat16, stream);
     TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: narrow kernel launch failed (M=", num(M), ", c=", num(c),
@@ -244,18 +218,6 @@ at::Tensor eq_linear_fwd_impl(const at::Tensor& x, const at::Tensor& planes, con
   TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: kernel launch failed (M=", num(M), ", c=", num(c), ", d=", num(d),
               ", ", c10::toString(dtype), "): ", cudaGetErrorString(err));
   return y;
-}
-
-at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes, const std::optional<at::Tensor>& bias) {
-  return eq_linear_fwd_impl(x, planes, bias, nullptr);
-}
-
-// The training forward: (y, xf), xf the saved operand of eq_linear_bwd_xf (layout at eq_linear_fwd_impl).
-std::tuple<at::Tensor, at::Tensor> eq_linear_fwd_xf(const at::Tensor& x, const at::Tensor& planes,
-                                                    const std::optional<at::Tensor>& bias) {
-  at::Tensor xf;
-  at::Tensor y = eq_linear_fwd_impl(x, planes, bias, &xf);
-  return {y, xf};
 }
 
 // Weight gradients: x (M, 4c), grad_y (M, 4d) -> (grad_planes (4, d, c), grad_bias (d,)), in the
@@ -336,15 +298,6 @@ std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool inp
   return {out, sum ? sums.sum(0) : at::empty({0}, f32)};
 }
 
-// The planes of the adjoint map (4, c, d) of planes (4, d, c): transposed, PI negated. grad_x is the
-// forward on them. Always a copy: for c = 1 or d = 1 the transpose is already contiguous, and
-// .contiguous() would return a view whose negation changed the caller's weights.
-at::Tensor adjoint_planes(const at::Tensor& planes) {
-  at::Tensor adj = planes.transpose(1, 2).clone(at::MemoryFormat::Contiguous);
-  adj.select(0, 2).neg_();
-  return adj;
-}
-
 // The whole backward in one op (one host call instead of a dozen Python-dispatched ones):
 // grad_y (M, 4d), x (M, 4c), planes (4, d, c) -> (grad_x (M, 4c), grad_planes (4, d, c), grad_bias (d,)),
 // each an empty (0,) tensor when not needed. grad_x: the forward kernel on the adjoint planes
@@ -370,7 +323,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& g
   const at::Tensor gy = grad_y.contiguous();
   const auto none = [&] { return at::empty({0}, gy.options()); };
   at::Tensor gx = none(), gp = none(), gb = none();
-  if (needs_x) gx = eq_linear_fwd(gy, adjoint_planes(planes), std::nullopt);
+  if (needs_x) {
+    // A copy, always: for c = 1 or d = 1 the transpose is already contiguous, and .contiguous()
+    // would return a view whose negation changed the caller's planes.
+    at::Tensor adj = planes.transpose(1, 2).clone(at::MemoryFormat::Contiguous);
+    adj.select(0, 2).neg_();
+    gx = eq_linear_fwd(gy, adj, std::nullopt);
+  }
   if (!needs_p && !needs_b) return {gx, gp, gb};
   if (!gemm) {
     auto [p, b] = eq_linear_bwd_weight(x, gy);
@@ -393,71 +352,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& g
   return {gx, gp, needs_b ? sums.to(gy.scalar_type()) : gb};
 }
 
-// The backward from the training forward's saved planes: grad_y (M, 4d), xf (4, M, c) (eq_linear_fwd_xf),
-// planes (4, d, c) -> (grad_x (M, 4c), grad_planes (4, d, c), grad_bias (d,)), each an empty (0,)
-// tensor when not needed. One forward-kernel pass on the adjoint planes gives grad_x and grad_y's
-// transform planes G (as xf gives F); the weight gradient is then five GEMMs of the planes
-// (grad_P0 = g0^T f0 / 2, grad_P2 = g2^T f2 / 2, grad_PR = (gR^T fR + gI^T fI) / sqrt2 as one GEMM over
-// 2M rows, grad_PI = (gI^T fR - gR^T fI) / sqrt2 as two), the plane scales folded into the GEMMs'
-// alpha; grad_bias = the column sums of g0.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd_xf(const at::Tensor& grad_y, const at::Tensor& xf,
-                                                                const at::Tensor& planes, bool needs_x,
-                                                                bool needs_p, bool needs_b) {
-  TORCH_CHECK(planes.dim() == 3 && planes.size(0) == 4,
-              "eq_linear_bwd_xf: planes must have shape (4, d, c), got ", shape(planes.sizes()));
-  const int64_t d = planes.size(1), c = planes.size(2);
-  TORCH_CHECK(grad_y.dim() == 2 && grad_y.size(1) == 4 * d && xf.dim() == 3 && xf.size(0) == 4 &&
-                  xf.size(1) == grad_y.size(0) && xf.size(2) == c,
-              "eq_linear_bwd_xf: want grad_y (M, ", num(4 * d), "), xf (4, M, ", num(c), ") for planes ",
-              shape(planes.sizes()), ", got ", shape(grad_y.sizes()), ", ", shape(xf.sizes()));
-  TORCH_CHECK(grad_y.is_cuda() && xf.device() == grad_y.device() && planes.device() == grad_y.device(),
-              "eq_linear_bwd_xf: grad_y, xf and planes must be on one CUDA device, got ", grad_y.device().str(),
-              ", ", xf.device().str(), ", ", planes.device().str());
-  const auto dtype = grad_y.scalar_type();
-  TORCH_CHECK(xf.scalar_type() == dtype && planes.scalar_type() == dtype,
-              "eq_linear_bwd_xf: grad_y, xf and planes must share one dtype, got ", c10::toString(dtype), ", ",
-              c10::toString(xf.scalar_type()), ", ", c10::toString(planes.scalar_type()));
-  const at::cuda::CUDAGuard guard(grad_y.device());
-  const at::Tensor gy = grad_y.contiguous(), f = xf.contiguous();
-  const int64_t M = gy.size(0);
-  const auto none = [&] { return at::empty({0}, gy.options()); };
-  at::Tensor gx = none(), gp = none(), gb = none(), gf;
-  const bool weight = needs_p || needs_b;
-  double sg = 1.0;  // gf = sg * g
-  if (needs_x) {
-    gx = eq_linear_fwd_impl(gy, adjoint_planes(planes), std::nullopt, weight ? &gf : nullptr);
-    sg = xf_scale(dtype);
-  }
-  if (!weight) return {gx, gp, gb};
-  if (!gf.defined()) gf = std::get<0>(eq_group_dft_op(gy, false, false));  // unscaled [g0, g2, gR, gI]
-  if (needs_b) gb = gf.select(0, 0).sum(0, false, at::kFloat).mul_(1.0 / sg).to(dtype);
-  if (!needs_p) return {gx, gp, gb};
-  gp = at::empty({4, d, c}, gy.options());
-  const double s = 1.0 / (xf_scale(dtype) * sg), a_real = 0.5 * s, a_complex = 0.70710678118654752 * s;
-  const auto mm = [&](int64_t plane, const at::Tensor& a, const at::Tensor& b, double beta, double alpha) {
-    at::Tensor out = gp.select(0, plane);
-    at::addmm_out(out, out, a, b, beta, alpha);  // beta = 0: out's (uninitialised) values are not read
-  };
-  const auto g = [&](int64_t i) { return gf.select(0, i).t(); };  // (d, M)
-  mm(0, g(0), f.select(0, 0), 0.0, a_real);                                                         // P0
-  mm(3, g(1), f.select(0, 1), 0.0, a_real);                                                         // P2
-  mm(1, gf.narrow(0, 2, 2).reshape({2 * M, d}).t(), f.narrow(0, 2, 2).reshape({2 * M, c}), 0.0, a_complex);  // PR
-  mm(2, g(3), f.select(0, 2), 0.0, a_complex);                                                      // PI: gI fR
-  mm(2, g(2), f.select(0, 3), 1.0, -a_complex);                                                     //     - gR fI
-  return {gx, gp, gb};
-}
-
 }  // namespace
 
 TORCH_LIBRARY(flash_eqlinear, m) {
   m.def("eq_linear_fwd(Tensor x, Tensor planes, Tensor? bias) -> Tensor");
-  m.def("eq_linear_fwd_xf(Tensor x, Tensor planes, Tensor? bias) -> (Tensor, Tensor)");
   m.def("eq_linear_bwd_weight(Tensor x, Tensor grad_y) -> (Tensor, Tensor)");
   m.def("eq_group_dft(Tensor t, bool input, bool sum) -> (Tensor, Tensor)");
   m.def("eq_linear_bwd(Tensor grad_y, Tensor x, Tensor planes, bool needs_x, bool needs_p, bool needs_b, "
         "bool gemm) -> (Tensor, Tensor, Tensor)");
-  m.def("eq_linear_bwd_xf(Tensor grad_y, Tensor xf, Tensor planes, bool needs_x, bool needs_p, bool needs_b) "
-        "-> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
@@ -465,8 +367,6 @@ TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
   m.impl("eq_linear_bwd_weight", &eq_linear_bwd_weight);
   m.impl("eq_group_dft", &eq_group_dft_op);
   m.impl("eq_linear_bwd", &eq_linear_bwd);
-  m.impl("eq_linear_fwd_xf", &eq_linear_fwd_xf);
-  m.impl("eq_linear_bwd_xf", &eq_linear_bwd_xf);
 }
 
 }  // namespace flash_eqlinear

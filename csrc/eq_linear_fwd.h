@@ -31,10 +31,6 @@ struct FwdParams {
   int64_t M;         // rows (any M >= 0)
   int64_t c;         // input channels per group copy (>= 1)
   int64_t d;         // output channels per group copy (>= 1)
-  // Optional (4, M, c): x's transform planes [F0, F2, FR, FI] as the 16-bit kernels' A operand holds
-  // them (F = f/2 for __half, f for __nv_bfloat16), the saved operand of the weight gradient. Only the
-  // sm_90a kernels write it (eq_linear_fwd_sm90.h: when they report a launch); the others ignore it.
-  void* xf = nullptr;
 };
 
 // One launch; returns the launch error (cudaSuccess when nothing went wrong). M == 0 is a no-op.

@@ -77,9 +77,8 @@ constexpr int kSmem = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barr
 struct Sm90Params {
   const void* bias;  // (d,) or nullptr
   void* y;           // (M, d, 4)
-  void* xf;          // (4, M, c) planes of x's transform as the A operand holds it, or nullptr (16-bit only)
   int64_t M;
-  int c, d, k_tiles, num_m, num_n;
+  int d, k_tiles, num_m, num_n;
 };
 
 // Tile i of the persistent walk -> (first row, first output channel). (A template only so that
@@ -112,39 +111,6 @@ __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t
   F2 = to_tf32(f2);
   FR = to_tf32(fr);
   FI = to_tf32(fi);
-}
-
-// x's transform of one raw 16-byte chunk (channels k, k+1: words x = (k: x0, x1), y = (k: x2, x3),
-// z, w likewise for k+1) as stored in p.xf: FP32 arithmetic and one rounding per value, as the
-// group-DFT pass rounds (xform_h2 rounds f0 and f2 twice: fine for the forward's products, but the
-// weight gradient sums M of these products and measurably lost accuracy).
-template <class T>
-__device__ __forceinline__ void xform_store(const uint4 v, uint32_t* q, int64_t plane) {
-  const float2 a01 = Elem<T>::unpack(v.x), a23 = Elem<T>::unpack(v.y);
-  const float2 b01 = Elem<T>::unpack(v.z), b23 = Elem<T>::unpack(v.w);
-  float a0, ar, ai, a2, b0, br, bi, b2;
-  dft4<Elem<T>::kHalve>(a01.x, a01.y, a23.x, a23.y, a0, ar, ai, a2);
-  dft4<Elem<T>::kHalve>(b01.x, b01.y, b23.x, b23.y, b0, br, bi, b2);
-  q[0] = Elem<T>::pack(a0, b0);
-  q[plane] = Elem<T>::pack(a2, b2);
-  q[2 * plane] = Elem<T>::pack(ar, br);
-  q[3 * plane] = Elem<T>::pack(ai, bi);
-}
-
-// x's transform of rows m_lo, m_lo + 8 and channel pairs (k, k+1), (k+8, k+9) (the raw chunks v of
-// the step, selected per fragment register r as in the main loop: row + 8 (r & 1), k + 8 (r >> 1))
-// into the planes [F0, F2, FR, FI] of p.xf (4, M, c). c % 8 == 0: a pair is inside or outside as a whole.
-template <class T>
-__device__ __forceinline__ void store_xf(const Sm90Params& p, const uint4 (&v)[4], int odd, int64_t m_lo, int k) {
-  uint32_t* xf = static_cast<uint32_t*>(p.xf);  // word index = element index / 2 (k even, c even)
-  const int64_t plane = p.M * p.c / 2;
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int64_t m = m_lo + 8 * (r & 1);
-    const int kk = k + 8 * (r >> 1);
-    if (m < p.M && kk < p.c)
-      xform_store<T>((r >> 1) == odd ? v[r & 1] : v[2 + (r & 1)], xf + (m * p.c + kk) / 2, plane);
-  }
 }
 
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
@@ -194,12 +160,6 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
       v[2] = lds128(xs + x_second);
       v[3] = lds128(xs + x_second + 8 * 128);
     };
-    // With p.xf the tiles also store x's transform (every tile of the same rows computes it): k tile kt
-    // of the rows by the tile of output-channel block kt % num_n, so that the stores spread evenly
-    // (all of them in the first block's tiles made those tiles stragglers: forward 0.235 -> 0.49 ms,
-    // c = d = 512, M = 32768).
-    const int emit_n = p.xf != nullptr ? n0 / kBN : -1;
-    const int64_t m_lo = static_cast<int64_t>(m0) + row;
     mbar_wait(full_bar + 8 * (it % kStages), (it / kStages) & 1);
     load_x(base + (it % kStages) * kStageBytes);
     for (int kt = 0; kt < KT; ++kt, ++it) {
@@ -216,9 +176,6 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
           else
             xform_tf32(raw, f[0][r], f[1][r], f[2][r], f[3][r]);
         }
-        // Before the wgmma that reads them: A registers may not be touched while a group is in flight.
-        if constexpr (sizeof(T) == 2)
-          if (kt % p.num_n == emit_n) store_xf<T>(p, v, odd, m_lo, kt * kBK<T> + ks * 16 + 2 * t);
         const uint64_t dk = desc0 + ((s * kStageBytes + ks * 32) >> 4);
         const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
         wgmma_fence();
@@ -390,7 +347,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   constexpr int kE = sizeof(T);
   if (!sm90_path_enabled() || p.M <= 0 || p.M > 0x7fffffff - kBM || (p.c * kE) % 16 != 0 || p.d % 2 != 0 ||
       p.c > 0x3fffffff / 4 || p.d > 0x7fffffff - kBN || !aligned16(p.x) || !aligned16(p.planes) || !aligned16(p.y) ||
-      !aligned16(p.xf) || reinterpret_cast<uintptr_t>(p.bias) % (2 * kE) != 0)
+      reinterpret_cast<uintptr_t>(p.bias) % (2 * kE) != 0)
     return cudaSuccess;
   int dev = 0, major = 0, smem_optin = 0, num_sms = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -417,9 +374,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   Sm90Params kp;
   kp.bias = p.bias;
   kp.y = p.y;
-  kp.xf = kE == 2 ? p.xf : nullptr;
   kp.M = p.M;
-  kp.c = static_cast<int>(p.c);
   kp.d = static_cast<int>(p.d);
   kp.k_tiles = static_cast<int>((p.c + kBK<T> - 1) / kBK<T>);
   kp.num_m = static_cast<int>(num_m);

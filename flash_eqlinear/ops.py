@@ -46,11 +46,6 @@ _WEIGHT_GRAD_MODES = ("auto", "fused", "gemm", "reference")
 WEIGHT_GRAD = os.environ.get("FLASH_EQLINEAR_WEIGHT_GRAD", "auto").strip().lower() or "auto"
 if WEIGHT_GRAD not in _WEIGHT_GRAD_MODES:
     raise ValueError(f"FLASH_EQLINEAR_WEIGHT_GRAD must be one of {_WEIGHT_GRAD_MODES}, got {WEIGHT_GRAD!r}")
-# FLASH_EQLINEAR_SAVE_PLANES (default 1): in fp16 / bf16 training on Hopper GPUs the forward saves x's
-# transform planes (written by the forward kernel as it goes) instead of x, and grad_x's kernel pass
-# writes grad_y's; the weight gradient is then GEMMs of those planes (no group-DFT passes). 0: the
-# forward saves x and the backward computes the weight gradient as WEIGHT_GRAD says.
-SAVE_PLANES = os.environ.get("FLASH_EQLINEAR_SAVE_PLANES", "1").strip() != "0"
 # "auto" uses the GEMM form from this many output weights per plane (c * d) on. H100, M = 32768, c = d
 # (benchmarks/profile_bwd.py): FP32 fused and GEMM tie at c = 512, GEMM wins from c = 1024 on; fp16 /
 # bf16: fused wins at c = 256 (0.14 vs 0.23 ms), GEMM at c = 512 (0.42 vs 0.66 ms).
@@ -207,110 +202,6 @@ if kernels_available():
 
     torch.library.register_autograd("flash_eqlinear::eq_linear_fwd", _backward, setup_context=_setup_context)
 
-    # ---- the training forward that saves x's transform planes (SAVE_PLANES) ----
-    @torch.library.register_fake("flash_eqlinear::eq_linear_fwd_xf")
-    def _eq_linear_fwd_xf_fake(x, planes, bias):
-        y = _eq_linear_fwd_fake(x, planes, bias)
-        return y, x.new_empty((4, x.shape[0], planes.shape[2]))
-
-    @torch.library.register_fake("flash_eqlinear::eq_linear_bwd_xf")
-    def _eq_linear_bwd_xf_fake(grad_y, xf, planes, needs_x, needs_p, needs_b):
-        d, c = planes.shape[1], planes.shape[2]
-        torch._check(
-            grad_y.dim() == 2 and grad_y.shape[1] == 4 * d and xf.shape == (4, grad_y.shape[0], c),
-            lambda: (
-                f"eq_linear_bwd_xf: want grad_y (M, {4 * d}), xf (4, M, {c}), got {grad_y.shape}, {xf.shape}"
-            ),
-        )
-        torch._check(
-            grad_y.dtype == xf.dtype == planes.dtype,
-            lambda: (
-                f"eq_linear_bwd_xf: grad_y, xf and planes must share one dtype, got {grad_y.dtype}, "
-                f"{xf.dtype}, {planes.dtype}"
-            ),
-        )
-        return (
-            grad_y.new_empty((grad_y.shape[0], 4 * c) if needs_x else (0,)),
-            grad_y.new_empty((4, d, c) if needs_p else (0,)),
-            grad_y.new_empty((d,) if needs_b else (0,)),
-        )
-
-    def _setup_context_xf(ctx, inputs, output):
-        _, planes, bias = inputs
-        ctx.has_bias = bias is not None
-        ctx.save_for_backward(output[1], planes)
-        ctx.set_materialize_grads(False)  # xf's gradient is None unless a double backward reaches it
-
-    def _backward_xf(ctx, grad_y, grad_xf):
-        xf, planes = ctx.saved_tensors
-        needs_x, needs_p = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        needs_b = ctx.has_bias and ctx.needs_input_grad[2]
-        gx = gp = gb = None
-        if grad_y is not None and torch.is_grad_enabled():
-            # create_graph=True: differentiable formulas; the weight gradient from xf (an output of
-            # this op, so second derivatives reach x through grad_xf below).
-            if needs_x:
-                adj = reference.adjoint_planes(planes).contiguous()
-                gx = torch.ops.flash_eqlinear.eq_linear_fwd(grad_y.contiguous(), adj, None)
-            gp, gb = _plane_weight_grads(grad_y, xf, needs_p, needs_b)
-        elif grad_y is not None:
-            gx, gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_xf(
-                grad_y, xf, planes, needs_x, needs_p, needs_b
-            )
-        if grad_xf is not None and needs_x:
-            gxf = _transform_adjoint(grad_xf) * _xf_scale(xf.dtype)
-            gx = gxf if gx is None else gx + gxf
-        return gx if needs_x else None, gp if needs_p else None, gb if needs_b else None
-
-    torch.library.register_autograd(
-        "flash_eqlinear::eq_linear_fwd_xf", _backward_xf, setup_context=_setup_context_xf
-    )
-
-
-def _xf_scale(dtype: torch.dtype) -> float:
-    """xf = scale * (x's transform planes): fp16 kernels halve the transform (overflow headroom)."""
-    return 0.5 if dtype == torch.float16 else 1.0
-
-
-def _transform(t: torch.Tensor) -> torch.Tensor:
-    """(M, 4n) interleaved -> (4, M, n) planes [f0, f2, fR, fI] of the p4 group transform (stock ops)."""
-    v = t.reshape(t.shape[0], -1, 4)
-    s02, s13 = v[..., 0] + v[..., 2], v[..., 1] + v[..., 3]
-    return torch.stack([s02 + s13, s02 - s13, v[..., 0] - v[..., 2], v[..., 3] - v[..., 1]])
-
-
-def _transform_adjoint(f: torch.Tensor) -> torch.Tensor:
-    """Adjoint of :func:`_transform`: (4, M, n) planes -> (M, 4n) interleaved."""
-    f0, f2, fr, fi = f.unbind(0)
-    return torch.stack([f0 + f2 + fr, f0 - f2 - fi, f0 + f2 - fr, f0 - f2 + fi], dim=-1).flatten(1)
-
-
-def _plane_weight_grads(grad_y, xf, needs_p: bool, needs_b: bool):
-    """(grad_planes (4, d, c), grad_bias (d,)) from grad_y (M, 4d) and the saved xf (4, M, c), by stock
-    (differentiable) ops: the formulas of eq_linear_bwd_xf."""
-    g0, g2, gr, gi = _transform(grad_y).unbind(0)
-    f0, f2, fr, fi = (xf * (1.0 / _xf_scale(xf.dtype))).unbind(0)
-    gp = gb = None
-    if needs_p:
-        h = math.sqrt(0.5)
-        pr, pi = h * (gr.t() @ fr + gi.t() @ fi), h * (gi.t() @ fr - gr.t() @ fi)
-        gp = torch.stack([0.5 * g0.t() @ f0, pr, pi, 0.5 * g2.t() @ f2])
-    if needs_b:
-        gb = g0.sum(0)
-    return gp, gb
-
-
-def _saves_planes(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether this CUDA-path call takes the training forward that saves x's transform planes."""
-    return (
-        SAVE_PLANES
-        and WEIGHT_GRAD == "auto"
-        and x.dtype in (torch.float16, torch.bfloat16)
-        and torch.is_grad_enabled()
-        and weight.requires_grad
-        and torch.cuda.get_device_capability(x.device)[0] == 9
-    )
-
 
 def autocast_inputs(x, weight, bias):
     """Cast (x, weight, bias) as autocast would for nn.Linear: floating-point tensors other than
@@ -353,8 +244,5 @@ def flash_eq_linear(x, weight, bias=None, group_size: int = 4) -> torch.Tensor:
     x2 = x.reshape(-1, c * T)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
-    if _saves_planes(x2, weight):
-        y, _ = torch.ops.flash_eqlinear.eq_linear_fwd_xf(x2, weight.contiguous(), bias)
-    else:
-        y = torch.ops.flash_eqlinear.eq_linear_fwd(x2, weight.contiguous(), bias)
+    y = torch.ops.flash_eqlinear.eq_linear_fwd(x2, weight.contiguous(), bias)
     return y.reshape(*lead, d * T)

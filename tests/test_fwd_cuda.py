@@ -339,38 +339,21 @@ def test_misuse_raises():
         fe.flash_eq_linear(x, planes[:3], b, group_size=4)
 
 
-def set_grad_mode(monkeypatch, mode):
-    """mode: a WEIGHT_GRAD method ("fused", "gemm") with x saved, or "planes" (the training forward
-    that saves x's transform planes; fp16 / bf16 on Hopper)."""
-    from flash_eqlinear import ops
-
-    monkeypatch.setattr(ops, "SAVE_PLANES", mode == "planes")
-    monkeypatch.setattr(ops, "WEIGHT_GRAD", "auto" if mode == "planes" else mode)
-
-
-def needs_planes_path(dtype):
-    if dtype == torch.float32 or torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the planes-saving forward is the fp16 / bf16 Hopper path")
-
-
-@pytest.mark.parametrize("mode", ["fused", "gemm", "planes"])
+@pytest.mark.parametrize("mode", ["fused", "gemm"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize(
-    "M, c, d", [(257, 59, 48), (7, 3, 59), (129, 64, 64), (4097, 16, 200), (1000, 40, 72), (300, 200, 136)]
-)
+@pytest.mark.parametrize("M, c, d", [(257, 59, 48), (7, 3, 59), (129, 64, 64), (4097, 16, 200)])
 @pytest.mark.parametrize("which", ["grad_x", "grad_planes", "grad_bias"])
 def test_gradients_against_fp64(which, M, c, d, dtype, mode, monkeypatch):
     # grad_x runs the fused forward kernel on the adjoint planes, grad_planes / grad_bias the
     # weight-gradient method `mode`. Each gradient is compared with float64 autograd of the naive
     # layer, relative to the error of F.linear's matching gradient.
-    if mode == "planes":
-        needs_planes_path(dtype)
-    set_grad_mode(monkeypatch, mode)
+    from flash_eqlinear import ops
+
+    monkeypatch.setattr(ops, "WEIGHT_GRAD", mode)
     k = ["grad_x", "grad_planes", "grad_bias"].index(which)
     x, planes, b = make(M, c, d, dtype, seed=M + c + d)
     g = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
     leaves = [t.detach().clone().requires_grad_() for t in (x, planes, b)]
-    assert fe.ops._saves_planes(leaves[0], leaves[1]) == (mode == "planes")
     fe.flash_eq_linear(*leaves).backward(g)
     x64, p64, b64 = [t.detach().double().requires_grad_() for t in (x, planes, b)]
     reference.naive_eq_linear(x64, fe.planes_to_naive(p64), b64, 4).backward(g.double())
@@ -592,108 +575,6 @@ def test_backward_op(M, c, d, dtype, gemm, needs):
     torch.library.opcheck(torch.ops.flash_eqlinear.eq_linear_bwd.default, args)
     with pytest.raises(RuntimeError, match="eq_linear_bwd"):
         torch.ops.flash_eqlinear.eq_linear_bwd(gy[:, :-4], x, planes, *needs, gemm)
-
-
-# (M, c, d): the Hopper kernel writes x's planes (c % 8 == 0) and grad_y's (d % 8 == 0, c even) or
-# a group-DFT pass does (narrow layers, odd sizes), partial row and channel tiles, M = 0.
-PLANES_SHAPES = [
-    (1000, 40, 72),
-    (129, 64, 64),
-    (301, 24, 40),
-    (257, 59, 48),
-    (4097, 16, 200),
-    (7, 3, 5),
-    (7, 1, 5),
-    (7, 3, 1),
-    (0, 16, 8),
-]
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("M, c, d", PLANES_SHAPES)
-def test_forward_saving_planes(M, c, d, dtype):
-    # y exactly as the plain forward's; xf = x's transform planes [f0, f2, fR, fI] scaled as documented.
-    x, planes, b = make(M, c, d, dtype, seed=M + c)
-    y, xf = torch.ops.flash_eqlinear.eq_linear_fwd_xf(x, planes, b)
-    assert torch.equal(y, torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b))
-    want = fe.ops._transform(x.double()) * fe.ops._xf_scale(dtype)
-    assert xf.shape == (4, M, c) and xf.dtype == dtype
-    if M:
-        assert rel_l2(xf, want) < (2e-7 if dtype == torch.float32 else 2 * ROUNDOFF[dtype])
-    if M:
-        torch.library.opcheck(torch.ops.flash_eqlinear.eq_linear_fwd_xf.default, (x, planes, b))
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("M, c, d", PLANES_SHAPES)
-@pytest.mark.parametrize("needs", [(1, 1, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 1), (1, 0, 1)])
-def test_backward_from_planes_op(dtype, M, c, d, needs):
-    # Each requested gradient against float64, empty (0,) tensors otherwise; grad_y's planes come
-    # from the grad_x pass (needs_x) or a group-DFT pass.
-    x, planes, _ = make(M, c, d, dtype, seed=M + d)
-    gy = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
-    xf = torch.ops.flash_eqlinear.eq_linear_fwd_xf(x, planes, None)[1]
-    needs = tuple(map(bool, needs))
-    args = (gy, xf, planes, *needs)
-    want = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double())
-    before = planes.clone()
-    got = torch.ops.flash_eqlinear.eq_linear_bwd_xf(*args)
-    assert torch.equal(planes, before)  # the adjoint is a copy (c = 1 or d = 1 included)
-    tol = 1e-5 if dtype == torch.float32 else 4 * ROUNDOFF[dtype]
-    for need, g, w in zip(needs, got, want, strict=True):
-        if not need:
-            assert g.numel() == 0
-        else:
-            assert g.shape == w.shape and (rel_l2(g, w) < tol if M else not g.any())
-    torch.library.opcheck(torch.ops.flash_eqlinear.eq_linear_bwd_xf.default, args)
-    with pytest.raises(RuntimeError, match="eq_linear_bwd_xf"):
-        torch.ops.flash_eqlinear.eq_linear_bwd_xf(gy, xf[:, :, :-1], planes, *needs)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_double_backward_saving_planes(dtype, monkeypatch):
-    """Second derivatives through the planes-saving path (the weight gradient from the saved planes,
-    differentiable back to x) are as accurate as through the path that saves x."""
-    needs_planes_path(dtype)
-    M, c, d = 129, 48, 40
-    x, planes, b = make(M, c, d, dtype, seed=5)
-    gy = torch.randn(M, 4 * d, device=DEV)
-
-    def second_order(x, planes, b, fn):
-        x, planes, b = (t.detach().requires_grad_() for t in (x, planes, b))
-        gx, gp, gb = torch.autograd.grad(
-            (fn(x, planes, b) * gy.to(x.dtype)).sum(), (x, planes, b), create_graph=True
-        )
-        penalty = gx.square().sum() + gp.square().sum() + gp.sum() * x.sum() + gx.sum() * b.sum()
-        return torch.autograd.grad(penalty, (x, planes, b), allow_unused=True, materialize_grads=True)
-
-    ref = second_order(
-        x.double(), planes.double(), b.double(), lambda x, p, b: reference.fourier_eq_linear(x, p, b, 4)
-    )
-    errs = {}
-    for mode in ("planes", "gemm"):
-        set_grad_mode(monkeypatch, mode)
-        got = second_order(x, planes, b, lambda x, p, b: fe.flash_eq_linear(x, p, b, 4))
-        errs[mode] = [rel_l2(a, r) for a, r in zip(got, ref, strict=True)]
-    for e_planes, e_x in zip(errs["planes"], errs["gemm"], strict=True):
-        assert e_planes <= 2 * max(e_x, ROUNDOFF[dtype]), errs
-
-
-def test_torch_compile_training_step_saving_planes(monkeypatch):
-    # bf16 training through the planes-saving path: compiled (forward + backward in one graph) = eager.
-    needs_planes_path(torch.bfloat16)
-    set_grad_mode(monkeypatch, "planes")
-    torch.manual_seed(0)
-    layers = [fe.FlashEQLinear(256, 512), torch.nn.GELU(), fe.FlashEQLinear(512, 128)]
-    model = torch.nn.Sequential(*layers).to(DEV, torch.bfloat16)
-    x = torch.randn(96, 256, device=DEV, dtype=torch.bfloat16, requires_grad=True)
-    xc = x.detach().clone().requires_grad_()
-    model(x).float().square().mean().backward()
-    grads = [x.grad] + [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    torch.compile(model, fullgraph=True)(xc).float().square().mean().backward()
-    for a, b in zip([xc.grad] + [p.grad for p in model.parameters()], grads, strict=True):
-        assert rel_l2(a, b) < 2e-2
 
 
 def test_fused_weight_grad_in_autograd():

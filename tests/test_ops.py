@@ -79,22 +79,3 @@ def test_dense_form_low_precision(dtype, gen):
     expect = loop_eq_linear(x.to(dtype).double(), fe.planes_to_naive(planes.double()), None)
     tol = {torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]
     assert rel_l2(y, expect) < tol
-
-
-@pytest.mark.parametrize("dtype, tol", [(F64, 1e-12), (torch.float16, 4e-3), (torch.bfloat16, 3e-2)])
-def test_saved_planes_weight_gradient_formulas(dtype, tol, gen):
-    """The formulas of the planes-saving training path (eq_linear_bwd_xf's, in differentiable stock
-    ops): weight gradients from x's transform planes, scaled as the kernels store them for the dtype
-    (fp16: halved), equal the reference backward; the transform adjoint is the adjoint."""
-    M, c, d = 37, 5, 3
-    x = torch.randn(M, 4 * c, dtype=F64, generator=gen)
-    gy = torch.randn(M, 4 * d, dtype=F64, generator=gen)
-    planes = torch.randn(4, d, c, dtype=F64, generator=gen)
-    xf = (fe.ops._transform(x) * fe.ops._xf_scale(dtype)).to(dtype)
-    gp, gb = fe.ops._plane_weight_grads(gy.to(dtype), xf, True, True)
-    _, gp_ref, gb_ref = reference.fourier_eq_linear_backward(gy, x, planes)
-    assert rel_l2(gp, gp_ref) < tol and rel_l2(gb, gb_ref) < tol
-    f = torch.randn(4, M, c, dtype=F64, generator=gen)
-    lhs = (fe.ops._transform(x) * f).sum()
-    rhs = (x * fe.ops._transform_adjoint(f)).sum()
-    assert torch.allclose(lhs, rhs, rtol=1e-12)
