@@ -1,4 +1,4 @@
-// Forward for narrow layers (c, d <= 32; exact FP32 up to 64 when forced): one streaming pass; exact FP32 FFMA, or mma.sync for fp16 /
+// Forward for narrow layers (c, d <= 32; exact FP32 up to 64): one streaming pass; exact FP32 FFMA, or mma.sync for fp16 /
 // bf16 (eq_linear_fwd_narrow.cu). Layouts and math: eq_linear_fwd.h.
 #pragma once
 
@@ -16,8 +16,9 @@ namespace flash_eqlinear {
 // (mma) c = d = 16 / 32: 4.2 / 7.5 us against about 8.5; fp16 (FFMA) c = d = 16: 8.1 against 8.4, but
 // c = 16, d = 32: 11.5 against 8.6; TF32 (16, 16): 8.3 against 10.8, (32, 16): 13.4 against 13.1.
 constexpr int64_t kNarrowMaxC = 32;
-// Exact FP32 also has tiles for c, d up to 64 (KC = 64: one block of 8 warps per SM); taken only when
-// forced (FLASH_EQLINEAR_NARROW=1) until its H100 timings against the tiled FP32 kernel are in.
+// Exact FP32 also has tiles for c, d up to 64 (KC = 64: one block of 8 warps per SM); taken by default
+// where they beat the tiled FP32 kernel on an H100 (one of c, d <= 32, the other <= 64), else only when
+// forced (FLASH_EQLINEAR_NARROW=1).
 constexpr int64_t kNarrowMaxCFp32 = 64;
 constexpr int64_t kNarrowMaxDFfma16 = 16;
 constexpr int64_t kNarrowMaxCDTf32 = 16 * 16;
