@@ -10,8 +10,10 @@ Usage: python benchmarks/bench_op.py [--direction fwd|bwd|train] [--dtypes fp32,
 ("tf32": float32 with torch.backends.cuda.matmul.allow_tf32 on, for F.linear and ours alike.)
 The backward mode times all three gradients (autograd.grad over retained graphs, no CUDA graphs)
 and reports the worst gradient's relative error in its table (all three in the JSON); the train
-mode times the forward and that backward together (no CUDA graphs). On Hopper in fp16 / bf16 all
-three modes also time the portable kernels.
+mode times the forward and that backward together (no CUDA graphs). Both time at least
+EAGER_CALLS calls back to back per sample (steady state, as in training: one call's host latency
+overlaps the previous call's GPU work); `--eager-calls 1` times isolated calls (latency). On Hopper
+in fp16 / bf16 all three modes also time the portable kernels.
 Then: python benchmarks/plot.py benchmarks/results/NAME.json
 """
 
@@ -49,6 +51,7 @@ def peak_tflops(ceilings: dict, dtype_name: str) -> float:
 
 
 CS = [16, 32, 64, 128, 256, 512, 1024, 2048]
+EAGER_CALLS = 4  # eager (bwd / train) calls per timed sample, at least
 
 
 def graphed(fn, args_list):
@@ -135,9 +138,9 @@ def run_case(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int) ->
     return row
 
 
-def run_case_bwd(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int, train=False) -> dict:
+def run_case_bwd(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int, train=False, calls=1):
     """Backward (grad input + grad weight + grad bias) of the four implementations; with train, the
-    forward and backward together."""
+    forward and backward together; at least ``calls`` calls per timed sample."""
     dt = DTYPES[dtype_name]
     C = D = 4 * c
     g = torch.Generator(device="cuda").manual_seed(c)
@@ -162,6 +165,7 @@ def run_case_bwd(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int
     }
     row = {"dtype": dtype_name, "c": c, "C": C, "D": D, "M": M, "buffers": nb}
     row["direction"] = "train" if train else "bwd"
+    row["calls_per_sample"] = -(-calls // nb) * nb  # whole passes over the nb buffers
     dense_flops = (6 if train else 4) * M * C * D  # (forward +) grad input + grad weight
     our_flops = dense_flops * 6 / 16
     peak = peak_tflops(ceilings, dtype_name)
@@ -176,13 +180,15 @@ def run_case_bwd(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int
         with contexts[name]():
             if train:
                 args = [(x.detach().requires_grad_(),) for x in xs]
-                ms = bench(lambda x: torch.autograd.grad(fn(x), (x, *params), gy), args, 0.3)  # noqa: B023
+                step = lambda x: torch.autograd.grad(fn(x), (x, *params), gy)  # noqa: B023, E731
+                ms = bench(step, args, 0.3, min_calls=calls)
             else:  # one retained autograd graph per input buffer; only backward is timed
                 graphs = []
                 for x in xs:
                     xl = x.detach().requires_grad_()
                     graphs.append((fn(xl), (xl, *params)))
-                ms = bench(lambda y, inp: torch.autograd.grad(y, inp, gy, retain_graph=True), graphs, 0.3)
+                bwd = lambda y, inp: torch.autograd.grad(y, inp, gy, retain_graph=True)  # noqa: E731
+                ms = bench(bwd, graphs, 0.3, min_calls=calls)
                 del graphs
         flops = dense_flops if name in ("F.linear", "naive") else our_flops
         row[name] = {"ms": ms, "tflops": flops / ms / 1e9, "pct_peak": 100 * flops / ms / 1e9 / peak}
@@ -247,6 +253,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--prec-rows", type=int, default=4096)
     ap.add_argument("--direction", choices=("fwd", "bwd", "train"), default="fwd")
+    ap.add_argument("--eager-calls", type=int, default=EAGER_CALLS, help="bwd / train: calls per sample")
     ap.add_argument("--out", default=None, help="JSON file name under benchmarks/results/")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() or not fe.kernels_available():
@@ -268,7 +275,8 @@ def main(argv=None) -> int:
             if args.direction == "fwd":
                 r = run_case(dn, c, M, ceilings, args.prec_rows)
             else:
-                r = run_case_bwd(dn, c, M, ceilings, args.prec_rows, train=args.direction == "train")
+                train = args.direction == "train"
+                r = run_case_bwd(dn, c, M, ceilings, args.prec_rows, train, args.eager_calls)
             rows.append(r)
             fl, ref = r["flash"], r["fourier_ref"]
             print(

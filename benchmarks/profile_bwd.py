@@ -6,7 +6,8 @@ Per (dtype, c), C = D = 4c, milliseconds: F.linear's forward and its two backwar
 grad_x (the forward kernel on the adjoint planes; gx_port: without the Hopper kernels), the fused
 weight-gradient kernel, the GEMM form's parts (both group DFTs, the plane GEMMs), the whole weight
 gradient per mode and the whole backward op (bwd_port: without the Hopper kernels); and, without
-graphs, the eager autograd backward of F.linear and of the layer (lin_bwd_eager, bwd_eager).
+graphs, the eager autograd backward of F.linear and of the layer (lin_bwd_eager, bwd_eager: 4 calls
+back to back per sample; the _1 columns: one isolated call per sample, its host latency included).
 --cpu: the host (Python + dispatch) microseconds per call of the eager backward and its parts.
 """
 
@@ -64,12 +65,15 @@ def case(dt, M: int, c: int) -> dict:
     Wr, Br = W.clone().requires_grad_(), torch.zeros(4 * c, device="cuda", dtype=dt, requires_grad=True)
     y_flash, y_lin = fe.flash_eq_linear(xr, pr, br), F.linear(xr, Wr, Br)
 
-    def eager(y, inputs):
-        return bench(lambda: torch.autograd.grad(y, inputs, gy, retain_graph=True), [()], 0.2, 50)
+    def eager(y, inputs, calls=4):
+        return bench(lambda: torch.autograd.grad(y, inputs, gy, retain_graph=True), [()], 0.2, 50, calls)
 
     return {
         "lin_bwd_eager": eager(y_lin, (xr, Wr, Br)),
         "bwd_eager": eager(y_flash, (xr, pr, br)),
+        # one isolated call per sample: its host latency before the first kernel timed too
+        "lin_bwd_eager_1": eager(y_lin, (xr, Wr, Br), 1),
+        "bwd_eager_1": eager(y_flash, (xr, pr, br), 1),
         "expand": timed(lambda w: reference.dense_weight(w, idx), w),
         "lin_fwd": timed(F.linear, x, W),
         "naive_fwd": timed(lambda x: reference.naive_eq_linear(x, w, None, 4, idx), x),
