@@ -140,6 +140,29 @@ def test_narrow_dispatch_under_tf32(c, d, narrow, allow_tf32):
     assert (err < 1e-6) == narrow, err
 
 
+# (c, d, narrow kernel by default)
+WIDE_NARROW_DISPATCH = [(32, 64, 1), (64, 32, 1), (16, 48, 1), (48, 48, 0), (64, 64, 0), (40, 33, 0)]
+
+
+@pytest.mark.parametrize("c, d, narrow", WIDE_NARROW_DISPATCH)
+def test_fp32_dispatch_of_the_wide_narrow_tiles(c, d, narrow, monkeypatch):
+    # Exact FP32 takes the narrow kernel's 64-wide tiles by default only where one of c, d <= 32 (where
+    # they beat the tiled kernel on an H100). Both kernels are exact, so the dispatch shows in the bits:
+    # the default result equals the forced kernel's.
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the 64-wide FP32 tiles need an H100-class shared memory")
+    x, planes, b = make(4097, c, d, torch.float32, seed=c * d)
+    op = torch.ops.flash_eqlinear.eq_linear_fwd
+    y = op(x, planes, b)
+    forced = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("FLASH_EQLINEAR_NARROW", flag)
+        forced[flag] = op(x, planes, b)
+    if torch.equal(forced["1"], forced["0"]):
+        pytest.skip("both kernels rounded alike: the dispatch is not observable here")
+    assert torch.equal(y, forced["1" if narrow else "0"])
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_misaligned_views(dtype):
     # x at an 8-byte offset and bias at a 2-byte offset: the vectorised / TMA paths must step aside.
