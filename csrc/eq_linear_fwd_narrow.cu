@@ -479,14 +479,12 @@ bool eq_linear_fwd_narrow_applies(const FwdParams& p, int elem_bytes, bool tf32)
   if (v != nullptr && std::strcmp(v, "0") == 0) return false;
   if (p.c < 1 || p.d < 1) return false;
   const bool wide = p.c > kNarrowMaxC || p.d > kNarrowMaxC;
-  if (v != nullptr && std::strcmp(v, "1") == 0)
-    return !wide || (elem_bytes == 4 && p.c <= kNarrowMaxCFp32 && p.d <= kNarrowMaxCFp32 && wide_fp32_fits(p));
+  const bool fp32_tiles = elem_bytes == 4 && std::max(p.c, p.d) <= kNarrowMaxCFp32;  // within the FP32 tiles
+  if (v != nullptr && std::strcmp(v, "1") == 0) return !wide || (fp32_tiles && wide_fp32_fits(p));
   // Exact FP32 with one of c, d <= 32 and the other <= 64 (KC or DN = 64 with the other 32): the
   // narrow tiles won (H100, M = 32768: c = 32, d = 64 38.2 vs 52.0 us; c = 64, d = 32 35.4 vs 39.3 us);
   // with both above 32 the tiled kernel wins (c = d = 48: 54.0 vs 71.4 us; c = d = 64: 71.1 vs 76.7).
-  if (wide)
-    return elem_bytes == 4 && !tf32 && std::min(p.c, p.d) <= kNarrowMaxC &&
-           std::max(p.c, p.d) <= kNarrowMaxCFp32 && wide_fp32_fits(p);
+  if (wide) return fp32_tiles && !tf32 && std::min(p.c, p.d) <= kNarrowMaxC && wide_fp32_fits(p);
   if (elem_bytes == 2) return mma_ok(p) || p.d <= kNarrowMaxDFfma16;
   return !tf32 || p.c * p.d <= kNarrowMaxCDTf32;
 }
