@@ -81,9 +81,14 @@ def precision(y, ref) -> dict:
     }
 
 
+def portable_kernels():
+    """A context with the Hopper kernels switched off (the portable path, for comparison)."""
+    return env_switch("FLASH_EQLINEAR_SM90", "0")
+
+
 def portable(op, *args, **kwargs):
-    """op(*args, **kwargs) with the Hopper kernels switched off (the portable path, for comparison)."""
-    with env_switch("FLASH_EQLINEAR_SM90", "0"):
+    """op(*args, **kwargs) on the portable path."""
+    with portable_kernels():
         return op(*args, **kwargs)
 
 
@@ -175,7 +180,7 @@ def run_case_bwd(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int
     contexts = {name: contextlib.nullcontext for name in impls}
     if dt != torch.float32 and torch.cuda.get_device_capability()[0] == 9:  # the portable kernels too
         impls["flash_portable"] = impls["flash"]
-        contexts["flash_portable"] = lambda: env_switch("FLASH_EQLINEAR_SM90", "0")
+        contexts["flash_portable"] = portable_kernels
     for name, (fn, params) in impls.items():
         with contexts[name]():
             if train:

@@ -6,8 +6,8 @@ Per (dtype, c), C = D = 4c, milliseconds: F.linear's forward and its two backwar
 grad_x (the forward kernel on the adjoint planes; gx_port: without the Hopper kernels), the fused
 weight-gradient kernel, the GEMM form's parts (both group DFTs, the plane GEMMs), the whole weight
 gradient per mode and the whole backward op (bwd_port: without the Hopper kernels); and, without
-graphs, the eager autograd backward of F.linear and of the layer (lin_bwd_eager, bwd_eager: 4 calls
-back to back per sample; the _1 columns: one isolated call per sample, its host latency included).
+graphs, the eager autograd backward of F.linear and of the layer (lin_bwd_eager, bwd_eager: EAGER_CALLS
+calls back to back per sample; the _1 columns: one isolated call per sample, its host latency included).
 --cpu: the host (Python + dispatch) microseconds per call of the eager backward and its parts.
 """
 
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_op import graphed, portable  # noqa: E402
+from bench_op import EAGER_CALLS, graphed, portable  # noqa: E402
 from common import bench  # noqa: E402
 
 import flash_eqlinear as fe  # noqa: E402
@@ -65,7 +65,7 @@ def case(dt, M: int, c: int) -> dict:
     Wr, Br = W.clone().requires_grad_(), torch.zeros(4 * c, device="cuda", dtype=dt, requires_grad=True)
     y_flash, y_lin = fe.flash_eq_linear(xr, pr, br), F.linear(xr, Wr, Br)
 
-    def eager(y, inputs, calls=4):
+    def eager(y, inputs, calls=EAGER_CALLS):
         return bench(lambda: torch.autograd.grad(y, inputs, gy, retain_graph=True), [()], 0.2, 50, calls)
 
     return {
