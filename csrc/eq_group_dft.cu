@@ -19,10 +19,17 @@ namespace {
 // The 4 group values of one channel travel as one aligned vector (8 bytes for 16-bit types).
 template <class T> struct alignas(4 * sizeof(T)) Quad { T v[4]; };
 
-// Threads own kC consecutive channels (kC = 2 for 16-bit types when n is even: one 16-byte load,
-// 4-byte stores) and walk rows: blockIdx.y picks a chunk of rows, and a block covers W channel
-// groups x (256 / W) rows at a time (W = min(groups per row, 256)), so consecutive threads touch
-// consecutive channels (coalesced loads and stores). FP32 transform, one rounding per plane value.
+// Raw storage of n elements of T, as wide as the vector memory access they travel in.
+template <int kBytes> struct alignas(kBytes < 16 ? kBytes : 16) Bytes { unsigned char b[kBytes]; };
+
+// Rows each thread has in flight per loop step (independent 16-32 byte loads hide DRAM latency).
+constexpr int kRowsInFlight = 2;
+
+// Threads own kC consecutive channels (one or two 16-byte loads where the layout allows: kC = 4
+// for 16-bit types and 2 for float when n is a multiple; 8-byte stores per plane) and walk rows:
+// blockIdx.y picks a chunk of rows, and a block covers W channel groups x (256 / W) rows at a time
+// (W = min(groups per row, 256)), so consecutive threads touch consecutive channels (coalesced
+// loads and stores), kRowsInFlight rows per step. FP32 transform, one rounding per plane value.
 // With `sums`, each chunk also writes the FP32 column sums of f0 over its rows (sums[chunk][ch]),
 // reduced inside the block in a fixed order: deterministic.
 template <class T, int kC, bool kInput>
@@ -30,7 +37,9 @@ __global__ void __launch_bounds__(256) group_dft_kernel(const Quad<T>* __restric
                                                         int64_t M, int64_t gpr, int W, int64_t rows_per_chunk,
                                                         bool blocks, float* __restrict__ sums) {
   constexpr float kH = 0.70710678118654752f;
-  constexpr int kPlanes = kInput ? 5 : 4;
+  constexpr int kPlanes = kInput ? 5 : 4, kU = kRowsInFlight;
+  using In = Bytes<kC * int(sizeof(Quad<T>))>;
+  using Out = Bytes<kC * int(sizeof(T))>;
   const int R = 256 / W, lane = threadIdx.x % W, row_off = threadIdx.x / W;
   const int64_t cg = int64_t(blockIdx.x) * W + lane;
   const bool active = row_off < R && cg < gpr;
@@ -38,43 +47,40 @@ __global__ void __launch_bounds__(256) group_dft_kernel(const Quad<T>* __restric
   const int64_t plane = blocks ? n : M * n, row_stride = blocks ? kPlanes * n : n;
   const int64_t r_end = M < (int64_t(blockIdx.y) + 1) * rows_per_chunk ? M : (int64_t(blockIdx.y) + 1) * rows_per_chunk;
   float acc[kC] = {};
-  for (int64_t r = int64_t(blockIdx.y) * rows_per_chunk + row_off; active && r < r_end; r += R) {
-    const int64_t e = r * gpr + cg;
-    Quad<T> q[kC];
-    if constexpr (kC == 2) {
-      *reinterpret_cast<uint4*>(q) = reinterpret_cast<const uint4*>(src)[e];
-    } else {
-      q[0] = src[e];
-    }
-    T out[kPlanes][kC];
+  for (int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk + row_off; active && r0 < r_end; r0 += kU * R) {
+    Quad<T> q[kU][kC];
 #pragma unroll
-    for (int j = 0; j < kC; ++j) {
-      const float x0 = to_float(q[j].v[0]), x1 = to_float(q[j].v[1]), x2 = to_float(q[j].v[2]),
-                  x3 = to_float(q[j].v[3]);
-      float f0, fr, fi, f2;
-      dft4<false>(x0, x1, x2, x3, f0, fr, fi, f2);
-      acc[j] += f0;
-      if constexpr (kInput) {  // [f0/2, f2/2, -fI/sqrt2, fR/sqrt2, fI/sqrt2]
-        out[0][j] = from_float<T>(0.5f * f0);
-        out[1][j] = from_float<T>(0.5f * f2);
-        out[2][j] = from_float<T>(-kH * fi);
-        out[3][j] = from_float<T>(kH * fr);
-        out[4][j] = from_float<T>(kH * fi);
-      } else {  // [g0, g2, gR, gI]
-        out[0][j] = from_float<T>(f0);
-        out[1][j] = from_float<T>(f2);
-        out[2][j] = from_float<T>(fr);
-        out[3][j] = from_float<T>(fi);
-      }
+    for (int u = 0; u < kU; ++u) {  // all loads first
+      const int64_t r = r0 + u * R;
+      if (r < r_end) *reinterpret_cast<In*>(q[u]) = reinterpret_cast<const In*>(src)[r * gpr + cg];
     }
 #pragma unroll
-    for (int pl = 0; pl < kPlanes; ++pl) {
-      T* const d = dst + pl * plane + r * row_stride + cg * kC;
-      if constexpr (kC == 2) {
-        *reinterpret_cast<uint32_t*>(d) = *reinterpret_cast<const uint32_t*>(out[pl]);
-      } else {
-        d[0] = out[pl][0];
+    for (int u = 0; u < kU; ++u) {
+      const int64_t r = r0 + u * R;
+      if (r >= r_end) break;
+      T out[kPlanes][kC];
+#pragma unroll
+      for (int j = 0; j < kC; ++j) {
+        const Quad<T>& g = q[u][j];
+        float f0, fr, fi, f2;
+        dft4<false>(to_float(g.v[0]), to_float(g.v[1]), to_float(g.v[2]), to_float(g.v[3]), f0, fr, fi, f2);
+        acc[j] += f0;
+        if constexpr (kInput) {  // [f0/2, f2/2, -fI/sqrt2, fR/sqrt2, fI/sqrt2]
+          out[0][j] = from_float<T>(0.5f * f0);
+          out[1][j] = from_float<T>(0.5f * f2);
+          out[2][j] = from_float<T>(-kH * fi);
+          out[3][j] = from_float<T>(kH * fr);
+          out[4][j] = from_float<T>(kH * fi);
+        } else {  // [g0, g2, gR, gI]
+          out[0][j] = from_float<T>(f0);
+          out[1][j] = from_float<T>(f2);
+          out[2][j] = from_float<T>(fr);
+          out[3][j] = from_float<T>(fi);
+        }
       }
+#pragma unroll
+      for (int pl = 0; pl < kPlanes; ++pl)
+        *reinterpret_cast<Out*>(dst + pl * plane + r * row_stride + cg * kC) = *reinterpret_cast<const Out*>(out[pl]);
     }
   }
   if (sums == nullptr) return;  // uniform across the grid
@@ -109,10 +115,13 @@ Grid grid_for(int64_t M, int64_t gpr, int sms) {
   return g;
 }
 
-bool use_pairs(const GroupDftParams& p, int elem_bytes) {
-  // Channel pairs: 16-bit types, n even (pairs never straddle rows; planes stay 4-byte aligned).
-  return elem_bytes == 2 && p.n % 2 == 0 && reinterpret_cast<uintptr_t>(p.src) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(p.dst) % 4 == 0;
+// Channels per thread: the widest of 4 (16-bit types) or 2 (float) down to 1 that divides n and
+// whose loads (16 bytes) and per-plane stores (kC elements) stay aligned.
+int channels_per_thread(const GroupDftParams& p, int elem_bytes) {
+  const auto aligned = [](const void* q, uintptr_t a) { return reinterpret_cast<uintptr_t>(q) % a == 0; };
+  for (int kc = elem_bytes == 2 ? 4 : 2; kc > 1; kc /= 2)
+    if (p.n % kc == 0 && aligned(p.src, 16) && aligned(p.dst, uintptr_t(kc) * elem_bytes)) return kc;
+  return 1;
 }
 
 cudaError_t sm_count(int* sms) {
@@ -141,13 +150,14 @@ cudaError_t launch(const GroupDftParams& p, cudaStream_t stream) {
   if (reinterpret_cast<uintptr_t>(p.src) % (4 * sizeof(T)) != 0) return cudaErrorInvalidValue;
   int sms = 0;
   if (const cudaError_t e = sm_count(&sms); e != cudaSuccess) return e;
-  const bool pairs = use_pairs(p, sizeof(T));
-  const Grid g = grid_for(p.M, pairs ? p.n / 2 : p.n, sms);
+  const int kc = channels_per_thread(p, sizeof(T));
+  const Grid g = grid_for(p.M, p.n / kc, sms);
   if (p.sums != nullptr && g.chunks > p.sum_chunks) return cudaErrorInvalidValue;
-  if (pairs)
-    launch_kc<T, 2>(p, g, stream);
-  else
-    launch_kc<T, 1>(p, g, stream);
+  if constexpr (sizeof(T) == 2) {
+    if (kc == 4) launch_kc<T, 4>(p, g, stream);
+  }
+  if (kc == 2) launch_kc<T, 2>(p, g, stream);
+  if (kc == 1) launch_kc<T, 1>(p, g, stream);
   return cudaGetLastError();
 }
 
@@ -216,7 +226,7 @@ cudaError_t eq_group_idft_fp32(const GroupIdftParams& p, cudaStream_t stream) {
 int64_t eq_group_dft_sum_chunks(const GroupDftParams& p, int elem_bytes) {
   int sms = 0;
   if (p.M < 0 || p.n < 1 || sm_count(&sms) != cudaSuccess) return 0;
-  return grid_for(p.M, use_pairs(p, elem_bytes) ? p.n / 2 : p.n, sms).chunks;
+  return grid_for(p.M, p.n / channels_per_thread(p, elem_bytes), sms).chunks;
 }
 
 cudaError_t eq_group_dft(const GroupDftParams& p, int elem_bytes, bool bf16, cudaStream_t stream) {
