@@ -13,6 +13,7 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 SHAPES = [(1, 1, 1), (7, 3, 59), (129, 59, 200), (300, 64, 64), (257, 200, 48), (64, 1025, 16)]
 SHAPES += [(17925, 16, 16)]  # more tiles than SMs: persistent blocks walk several
 SHAPES += [(257, 20, 31), (1000, 32, 32), (4097, 16, 8)]  # the narrow kernel's other tiles
+SHAPES += [(5000, 40, 200), (20000, 3, 200)]  # FP32 tiled: more tiles than blocks (one k tile for c = 3)
 DIRECTIONS = sys.argv[1:] or ["fwd", "bwd"]  # which ops to exercise
 
 
