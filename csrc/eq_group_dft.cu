@@ -2,6 +2,7 @@
 // operand layout of the GEMM form of the weight gradient (see eq_group_dft.h).
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -16,13 +17,56 @@ namespace flash_eqlinear {
 namespace {
 
 
-// The 4 group values of one channel travel as one aligned vector (8 bytes for 16-bit types).
-template <class T> struct alignas(4 * sizeof(T)) Quad { T v[4]; };
+// Raw 32-bit words <-> elements: 16-bit types two per word (low half first), float one per word.
+template <class T> __device__ __forceinline__ float word_elem(const uint32_t* w, int e) {
+  if constexpr (sizeof(T) == 4) {
+    return __uint_as_float(w[e]);
+  } else {
+    const auto h = static_cast<unsigned short>(w[e / 2] >> (16 * (e % 2)));
+    if constexpr (std::is_same_v<T, __half>) return __half2float(__ushort_as_half(h));
+    else return __bfloat162float(__ushort_as_bfloat16(h));
+  }
+}
+template <class T> __device__ __forceinline__ uint32_t elem_bits(float v) {
+  const T t = from_float<T>(v);
+  if constexpr (sizeof(T) == 4) return __float_as_uint(t);
+  else if constexpr (std::is_same_v<T, __half>) return __half_as_ushort(t);
+  else return __bfloat16_as_ushort(t);
+}
 
-// Raw storage of n elements of T, as wide as the vector memory access they travel in.
-template <int kBytes> struct alignas(kBytes < 16 ? kBytes : 16) Bytes { unsigned char b[kBytes]; };
+// kW words from global memory (8 bytes or a multiple of 16, aligned to that).
+template <int kW> __device__ __forceinline__ void load_words(uint32_t (&w)[kW], const void* p) {
+  if constexpr (kW == 2) {
+    const uint2 v = __ldg(static_cast<const uint2*>(p));
+    w[0] = v.x;
+    w[1] = v.y;
+  } else {
+    static_assert(kW % 4 == 0, "16-byte loads");
+#pragma unroll
+    for (int i = 0; i < kW / 4; ++i) {
+      const uint4 v = __ldg(static_cast<const uint4*>(p) + i);
+      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
+  }
+}
 
-// Rows each thread has in flight per loop step (independent 16-32 byte loads hide DRAM latency).
+// kC consecutive elements (their bits in b) in one store of kC * sizeof(T) bytes.
+template <class T, int kC> __device__ __forceinline__ void store_elems(T* dst, const uint32_t (&b)[kC]) {
+  constexpr int kBytes = kC * int(sizeof(T));
+  constexpr bool k16 = sizeof(T) == 2;
+  if constexpr (kBytes == 2) {
+    *reinterpret_cast<unsigned short*>(dst) = static_cast<unsigned short>(b[0]);
+  } else if constexpr (kBytes == 4) {
+    *reinterpret_cast<uint32_t*>(dst) = k16 ? (b[0] | b[1 % kC] << 16) : b[0];
+  } else {
+    static_assert(kBytes == 8, "4-, 2- or 1-element stores");
+    const uint32_t lo = k16 ? b[0] | b[1] << 16 : b[0], hi = k16 ? b[2 % kC] | b[3 % kC] << 16 : b[1 % kC];
+    // Inline PTX: left to itself the compiler split some of these into two 4-byte stores.
+    asm volatile("st.global.v2.u32 [%0], {%1, %2};\n" ::"l"(dst), "r"(lo), "r"(hi) : "memory");
+  }
+}
+
+// Rows each thread has in flight per loop step (independent 8-32 byte loads hide DRAM latency).
 constexpr int kRowsInFlight = 2;
 
 // Threads own kC consecutive channels (one or two 16-byte loads where the layout allows: kC = 4
@@ -33,13 +77,12 @@ constexpr int kRowsInFlight = 2;
 // With `sums`, each chunk also writes the FP32 column sums of f0 over its rows (sums[chunk][ch]),
 // reduced inside the block in a fixed order: deterministic.
 template <class T, int kC, bool kInput>
-__global__ void __launch_bounds__(256) group_dft_kernel(const Quad<T>* __restrict__ src, T* __restrict__ dst,
+__global__ void __launch_bounds__(256) group_dft_kernel(const T* __restrict__ src, T* __restrict__ dst,
                                                         int64_t M, int64_t gpr, int W, int64_t rows_per_chunk,
                                                         bool blocks, float* __restrict__ sums) {
   constexpr float kH = 0.70710678118654752f;
   constexpr int kPlanes = kInput ? 5 : 4, kU = kRowsInFlight;
-  using In = Bytes<kC * int(sizeof(Quad<T>))>;
-  using Out = Bytes<kC * int(sizeof(T))>;
+  constexpr int kW = kC * 4 * int(sizeof(T)) / 4;  // words of one thread's kC quads
   const int R = 256 / W, lane = threadIdx.x % W, row_off = threadIdx.x / W;
   const int64_t cg = int64_t(blockIdx.x) * W + lane;
   const bool active = row_off < R && cg < gpr;
@@ -48,39 +91,38 @@ __global__ void __launch_bounds__(256) group_dft_kernel(const Quad<T>* __restric
   const int64_t r_end = M < (int64_t(blockIdx.y) + 1) * rows_per_chunk ? M : (int64_t(blockIdx.y) + 1) * rows_per_chunk;
   float acc[kC] = {};
   for (int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk + row_off; active && r0 < r_end; r0 += kU * R) {
-    Quad<T> q[kU][kC];
+    uint32_t w[kU][kW];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {  // all loads first
       const int64_t r = r0 + u * R;
-      if (r < r_end) *reinterpret_cast<In*>(q[u]) = reinterpret_cast<const In*>(src)[r * gpr + cg];
+      if (r < r_end) load_words(w[u], src + (r * gpr + cg) * 4 * kC);
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int64_t r = r0 + u * R;
       if (r >= r_end) break;
-      T out[kPlanes][kC];
+      uint32_t out[kPlanes][kC];
 #pragma unroll
       for (int j = 0; j < kC; ++j) {
-        const Quad<T>& g = q[u][j];
         float f0, fr, fi, f2;
-        dft4<false>(to_float(g.v[0]), to_float(g.v[1]), to_float(g.v[2]), to_float(g.v[3]), f0, fr, fi, f2);
+        dft4<false>(word_elem<T>(w[u], 4 * j), word_elem<T>(w[u], 4 * j + 1), word_elem<T>(w[u], 4 * j + 2),
+                    word_elem<T>(w[u], 4 * j + 3), f0, fr, fi, f2);
         acc[j] += f0;
         if constexpr (kInput) {  // [f0/2, f2/2, -fI/sqrt2, fR/sqrt2, fI/sqrt2]
-          out[0][j] = from_float<T>(0.5f * f0);
-          out[1][j] = from_float<T>(0.5f * f2);
-          out[2][j] = from_float<T>(-kH * fi);
-          out[3][j] = from_float<T>(kH * fr);
-          out[4][j] = from_float<T>(kH * fi);
+          out[0][j] = elem_bits<T>(0.5f * f0);
+          out[1][j] = elem_bits<T>(0.5f * f2);
+          out[2][j] = elem_bits<T>(-kH * fi);
+          out[3][j] = elem_bits<T>(kH * fr);
+          out[4][j] = elem_bits<T>(kH * fi);
         } else {  // [g0, g2, gR, gI]
-          out[0][j] = from_float<T>(f0);
-          out[1][j] = from_float<T>(f2);
-          out[2][j] = from_float<T>(fr);
-          out[3][j] = from_float<T>(fi);
+          out[0][j] = elem_bits<T>(f0);
+          out[1][j] = elem_bits<T>(f2);
+          out[2][j] = elem_bits<T>(fr);
+          out[3][j] = elem_bits<T>(fi);
         }
       }
 #pragma unroll
-      for (int pl = 0; pl < kPlanes; ++pl)
-        *reinterpret_cast<Out*>(dst + pl * plane + r * row_stride + cg * kC) = *reinterpret_cast<const Out*>(out[pl]);
+      for (int pl = 0; pl < kPlanes; ++pl) store_elems<T, kC>(dst + pl * plane + r * row_stride + cg * kC, out[pl]);
     }
   }
   if (sums == nullptr) return;  // uniform across the grid
@@ -133,7 +175,7 @@ cudaError_t sm_count(int* sms) {
 
 template <class T, int kC>
 void launch_kc(const GroupDftParams& p, const Grid& g, cudaStream_t stream) {
-  const auto* src = static_cast<const Quad<T>*>(p.src);
+  const auto* src = static_cast<const T*>(p.src);
   T* dst = static_cast<T*>(p.dst);
   const dim3 grid(unsigned(g.bx), unsigned(g.chunks));
   const int64_t gpr = p.n / kC;
