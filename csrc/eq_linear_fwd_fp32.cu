@@ -121,38 +121,34 @@ eq_linear_fwd_fp32_kernel(const float* __restrict__ x, const float* __restrict__
   float* const As = reinterpret_cast<float*>(smem4);
   float* const Bs = As + 2 * Cfg::kAStage;
 
-  // Persistent blocks walk the linear tile ids blockIdx.x, + gridDim.x, ... in the grouped order:
-  // consecutive ids walk kGroupM M tiles, then the next d tile.
-  const int64_t num_m = (M + BM - 1) / BM, num_n = (d + BN - 1) / BN, num_tiles = num_m * num_n;
-  int64_t m0 = 0;
-  int n0 = 0;
-  auto tile_origin = [&](int64_t lin) {
-    const int64_t group_size = int64_t(kGroupM) * num_n;
-    const int64_t first_m = lin / group_size * kGroupM;
-    const int64_t rows_in_group = min(num_m - first_m, int64_t(kGroupM));
-    const int64_t in_group = lin - first_m * num_n;  // lin % group_size
-    m0 = (first_m + in_group % rows_in_group) * BM;
-    n0 = int(in_group / rows_in_group) * BN;
-  };
+  // Grouped tile order: consecutive linear block ids walk kGroupM M tiles, then the next d tile.
+  const int64_t num_m = gridDim.x, num_n = gridDim.y;
+  const int64_t lin = int64_t(blockIdx.y) * num_m + blockIdx.x;
+  const int64_t group_size = int64_t(kGroupM) * num_n;
+  const int64_t first_m = lin / group_size * kGroupM;
+  const int64_t rows_in_group = min(num_m - first_m, int64_t(kGroupM));
+  const int64_t in_group = lin - first_m * num_n;  // lin % group_size
+  const int64_t m0 = (first_m + in_group % rows_in_group) * BM;
+  const int n0 = int(in_group / rows_in_group) * BN;
 
   const int tid = threadIdx.x;
 
-  // ---- global -> shared staging maps (per tile, fixed for its k loop)
+  // ---- global -> shared staging maps (fixed for the whole k loop)
   const int xk = tid % 8;
   const float* xp[XL];
+  #pragma unroll
+  for (int i = 0; i < XL; ++i) {
+    const int64_t r = min(m0 + tid / 8 + i * XRS, M - 1);
+    xp[i] = x + (r * c + xk) * 4;
+  }
   const int pkq = (tid % 2) * 4;
   const int pol = (tid / 2) % BN;
   const int pg0 = tid / (2 * BN);
   const float* pp;
-  auto tile_pointers = [&] {
-    #pragma unroll
-    for (int i = 0; i < XL; ++i) {
-      const int64_t r = min(m0 + tid / 8 + i * XRS, M - 1);
-      xp[i] = x + (r * c + xk) * 4;
-    }
-    const int64_t o = min(int64_t(n0) + pol, int64_t(d) - 1);
+  {
+    const int64_t o = min(n0 + pol, d - 1);
     pp = planes + (int64_t(pg0) * d + o) * c + pkq;
-  };
+  }
   const int64_t gstride = int64_t(GSTEP) * d * c;  // between the PL planes a thread loads
 
   // Raw tile staging (cp.async): slot s of thread t is raw[s * kThreads + t]; x float4 (i, h)
@@ -229,149 +225,127 @@ eq_linear_fwd_fp32_kernel(const float* __restrict__ x, const float* __restrict__
   const int a_off = (warp % Cfg::WM) * (4 * TM) + lr * 4;  // first row of the lane
   const int b_off = (warp / Cfg::WM) * (8 * TN) + lc * 4;  // first channel of the lane
 
+  float acc0[TM][TN], acc2[TM][TN], accR[TM][TN], accI[TM][TN];
+  #pragma unroll
+  for (int i = 0; i < TM; ++i) {
+    #pragma unroll
+    for (int j = 0; j < TN; ++j) acc0[i][j] = acc2[i][j] = accR[i][j] = accI[i][j] = 0.f;
+  }
+
   const int KT = (c + BK - 1) / BK;
-  int64_t tile = blockIdx.x;  // the grid never exceeds the tile count
-  tile_origin(tile);
-  tile_pointers();
   issue_tile(0);
   stage_tile(0);
   __syncthreads();
-  int buf = 0;  // operand stage of the current k tile; alternates across tiles too
 
-  for (;;) {
-    float acc0[TM][TN], acc2[TM][TN], accR[TM][TN], accI[TM][TN];
-    #pragma unroll
-    for (int i = 0; i < TM; ++i) {
+  for (int kt = 0; kt < KT; ++kt) {
+    const bool more = kt + 1 < KT;
+    if (more) issue_tile((kt + 1) * BK);  // in flight during the FFMAs below
+
+    const float* const A = As + (kt & 1) * Cfg::kAStage + a_off;
+    const float* const B = Bs + (kt & 1) * Cfg::kBStage + b_off;
+    // Fragments [slot][g][.] with g = 0..3 for f0/P0, fR/PR, fI/PI, f2/P2. Explicit double
+    // buffering (step k + 1 is read while step k is multiplied) hides the LDS latency with only
+    // two warps per scheduler; it measured ~5% faster than leaving the schedule to the compiler.
+    float a[2][4][TM], b[2][4][TN];
+    auto load_frag = [&](int slot, int k) {
       #pragma unroll
-      for (int j = 0; j < TN; ++j) acc0[i][j] = acc2[i][j] = accR[i][j] = accI[i][j] = 0.f;
-    }
-
-    for (int kt = 0; kt < KT; ++kt, buf ^= 1) {
-      const bool more = kt + 1 < KT;
-      if (more) issue_tile((kt + 1) * BK);  // in flight during the FFMAs below
-
-      const float* const A = As + buf * Cfg::kAStage + a_off;
-      const float* const B = Bs + buf * Cfg::kBStage + b_off;
-      // Fragments [slot][g][.] with g = 0..3 for f0/P0, fR/PR, fI/PI, f2/P2. Explicit double
-      // buffering (step k + 1 is read while step k is multiplied) hides the LDS latency with only
-      // two warps per scheduler; it measured ~5% faster than leaving the schedule to the compiler.
-      float a[2][4][TM], b[2][4][TN];
-      auto load_frag = [&](int slot, int k) {
+      for (int g = 0; g < 4; ++g) {
         #pragma unroll
-        for (int g = 0; g < 4; ++g) {
-          #pragma unroll
-          for (int q = 0; q < TM / 4; ++q) {
-            const float4 v = *reinterpret_cast<const float4*>(A + (g * BK + k) * SA + q * 16);
-            a[slot][g][4 * q + 0] = v.x;
-            a[slot][g][4 * q + 1] = v.y;
-            a[slot][g][4 * q + 2] = v.z;
-            a[slot][g][4 * q + 3] = v.w;
-          }
-          #pragma unroll
-          for (int q = 0; q < TN / 4; ++q) {
-            const float4 v = *reinterpret_cast<const float4*>(B + (g * BK + k) * SB + q * 32);
-            b[slot][g][4 * q + 0] = v.x;
-            b[slot][g][4 * q + 1] = v.y;
-            b[slot][g][4 * q + 2] = v.z;
-            b[slot][g][4 * q + 3] = v.w;
-          }
+        for (int q = 0; q < TM / 4; ++q) {
+          const float4 v = *reinterpret_cast<const float4*>(A + (g * BK + k) * SA + q * 16);
+          a[slot][g][4 * q + 0] = v.x;
+          a[slot][g][4 * q + 1] = v.y;
+          a[slot][g][4 * q + 2] = v.z;
+          a[slot][g][4 * q + 3] = v.w;
         }
-      };
-      // acc += sign * aa bb^T for one k; the sign becomes an FFMA operand negation.
-      auto outer = [&](float (&acc)[TM][TN], const float (&aa)[TM], const float (&bb)[TN], float sign) {
         #pragma unroll
-        for (int j = 0; j < TN; ++j) {
-          #pragma unroll
-          for (int i = 0; i < TM; ++i) acc[i][j] = fmaf(sign * aa[i], bb[j], acc[i][j]);
+        for (int q = 0; q < TN / 4; ++q) {
+          const float4 v = *reinterpret_cast<const float4*>(B + (g * BK + k) * SB + q * 32);
+          b[slot][g][4 * q + 0] = v.x;
+          b[slot][g][4 * q + 1] = v.y;
+          b[slot][g][4 * q + 2] = v.z;
+          b[slot][g][4 * q + 3] = v.w;
         }
-      };
-      load_frag(0, 0);
-      #pragma unroll
-      for (int k = 0; k < BK; ++k) {
-        const int s = k & 1;
-        if (k + 1 < BK) load_frag(s ^ 1, k + 1);
-        outer(acc0, a[s][0], b[s][0], 1.f);   // a0 += f0 P0
-        outer(accR, a[s][1], b[s][1], 1.f);   // aR += fR PR
-        outer(accI, a[s][1], b[s][2], 1.f);   // aI += fR PI
-        outer(accR, a[s][2], b[s][2], -1.f);  // aR -= fI PI
-        outer(accI, a[s][2], b[s][1], 1.f);   // aI += fI PR
-        outer(acc2, a[s][3], b[s][3], 1.f);   // a2 += f2 P2
       }
-
-      if (more) {
-        // The other stage was last read in iteration kt - 1, before the barrier that ended it; the
-        // raw slots were last read back before that barrier too.
-        stage_tile(buf ^ 1);
-        __syncthreads();
-      }
-    }
-
-    // The next tile's first k tile is fetched now and lands during this tile's epilogue, whose
-    // stores then drain during the next tile's FFMAs (small c: fill and epilogue are a large part
-    // of each tile). Its stage `buf` was last read before an earlier barrier.
-    const int64_t em0 = m0;
-    const int en0 = n0;
-    const int64_t next = tile + gridDim.x;
-    if (next < num_tiles) {
-      tile_origin(next);
-      tile_pointers();
-      issue_tile(0);
-    }
-
-    // ---- epilogue: inverse DFT + bias, one float4 (the 4 group copies) per (row, channel)
-    float bv[TN];
-    #pragma unroll
-    for (int j = 0; j < TN; ++j) {
-      const int o = en0 + b_off + (j / 4) * 32 + j % 4;
-      bv[j] = (bias != nullptr && o < d) ? __ldg(bias + o) : 0.f;
-    }
-    #pragma unroll
-    for (int i = 0; i < TM; ++i) {
-      const int64_t m = em0 + a_off + (i / 4) * 16 + i % 4;
-      if (m >= M) continue;
-      float* const yrow = y + m * d * 4;
+    };
+    // acc += sign * aa bb^T for one k; the sign becomes an FFMA operand negation.
+    auto outer = [&](float (&acc)[TM][TN], const float (&aa)[TM], const float (&bb)[TN], float sign) {
       #pragma unroll
       for (int j = 0; j < TN; ++j) {
-        const int o = en0 + b_off + (j / 4) * 32 + j % 4;
-        if (o >= d) continue;
-        const float4 out = inverse_dft4_f32(acc0[i][j], acc2[i][j], accR[i][j], accI[i][j], bv[j]);
-        float* const dst = yrow + int64_t(o) * 4;
-        if (kVecX) {
-          *reinterpret_cast<float4*>(dst) = out;
-        } else {
-          dst[0] = out.x; dst[1] = out.y; dst[2] = out.z; dst[3] = out.w;
-        }
+        #pragma unroll
+        for (int i = 0; i < TM; ++i) acc[i][j] = fmaf(sign * aa[i], bb[j], acc[i][j]);
+      }
+    };
+    load_frag(0, 0);
+    #pragma unroll
+    for (int k = 0; k < BK; ++k) {
+      const int s = k & 1;
+      if (k + 1 < BK) load_frag(s ^ 1, k + 1);
+      outer(acc0, a[s][0], b[s][0], 1.f);   // a0 += f0 P0
+      outer(accR, a[s][1], b[s][1], 1.f);   // aR += fR PR
+      outer(accI, a[s][1], b[s][2], 1.f);   // aI += fR PI
+      outer(accR, a[s][2], b[s][2], -1.f);  // aR -= fI PI
+      outer(accI, a[s][2], b[s][1], 1.f);   // aI += fI PR
+      outer(acc2, a[s][3], b[s][3], 1.f);   // a2 += f2 P2
+    }
+
+    if (more) {
+      // The other stage was last read in iteration kt - 1, before the barrier that ended it; the
+      // raw slots were last read back before that barrier too.
+      stage_tile((kt + 1) & 1);
+      __syncthreads();
+    }
+  }
+
+  // ---- epilogue: inverse DFT + bias, one float4 (the 4 group copies) per (row, channel)
+  float bv[TN];
+  #pragma unroll
+  for (int j = 0; j < TN; ++j) {
+    const int o = n0 + b_off + (j / 4) * 32 + j % 4;
+    bv[j] = (bias != nullptr && o < d) ? __ldg(bias + o) : 0.f;
+  }
+  #pragma unroll
+  for (int i = 0; i < TM; ++i) {
+    const int64_t m = m0 + a_off + (i / 4) * 16 + i % 4;
+    if (m >= M) continue;
+    float* const yrow = y + m * d * 4;
+    #pragma unroll
+    for (int j = 0; j < TN; ++j) {
+      const int o = n0 + b_off + (j / 4) * 32 + j % 4;
+      if (o >= d) continue;
+      const float4 out = inverse_dft4_f32(acc0[i][j], acc2[i][j], accR[i][j], accI[i][j], bv[j]);
+      float* const dst = yrow + int64_t(o) * 4;
+      if (kVecX) {
+        *reinterpret_cast<float4*>(dst) = out;
+      } else {
+        dst[0] = out.x; dst[1] = out.y; dst[2] = out.z; dst[3] = out.w;
       }
     }
-    if (next >= num_tiles) break;
-    tile = next;
-    stage_tile(buf);
-    __syncthreads();
   }
 }
 
-// A persistent grid: at most `slots` blocks (resident blocks per SM x SMs), each walking tiles.
 template <class Cfg, bool kVecX, bool kVecP>
-cudaError_t launch(const FwdParams& p, int64_t slots, cudaStream_t stream) {
+cudaError_t launch(const FwdParams& p, cudaStream_t stream) {
   auto* kernel = eq_linear_fwd_fp32_kernel<Cfg, kVecX, kVecP>;
   if (Cfg::kSmemBytes > 48 * 1024) {
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
     if (err != cudaSuccess) return err;
   }
-  const int64_t tiles = ((p.M + Cfg::BM - 1) / Cfg::BM) * ((p.d + Cfg::BN - 1) / Cfg::BN);
-  const int64_t grid = tiles < slots ? tiles : slots;
-  if (grid < 1 || grid > INT_MAX) return cudaErrorInvalidConfiguration;
-  kernel<<<unsigned(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
+  const int64_t grid_m = (p.M + Cfg::BM - 1) / Cfg::BM;
+  const int64_t grid_n = (p.d + Cfg::BN - 1) / Cfg::BN;
+  if (grid_m > INT_MAX || grid_n > 65535) return cudaErrorInvalidConfiguration;
+  const dim3 grid{unsigned(grid_m), unsigned(grid_n)};
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
       static_cast<const float*>(p.x), static_cast<const float*>(p.planes),
       static_cast<const float*>(p.bias), static_cast<float*>(p.y), p.M, int(p.c), int(p.d));
   return cudaGetLastError();
 }
 
 template <class Cfg>
-cudaError_t dispatch_vec(const FwdParams& p, bool vec_x, bool vec_p, int64_t slots, cudaStream_t stream) {
-  if (!vec_x) return launch<Cfg, false, false>(p, slots, stream);  // rare (offset views): all scalar
-  return vec_p ? launch<Cfg, true, true>(p, slots, stream) : launch<Cfg, true, false>(p, slots, stream);
+cudaError_t dispatch_vec(const FwdParams& p, bool vec_x, bool vec_p, cudaStream_t stream) {
+  if (!vec_x) return launch<Cfg, false, false>(p, stream);  // rare (offset views): all scalar
+  return vec_p ? launch<Cfg, true, true>(p, stream) : launch<Cfg, true, false>(p, stream);
 }
 
 // Resident blocks per SM of a configuration on the current device (cached per device).
@@ -431,11 +405,10 @@ cudaError_t eq_linear_fwd_fp32(const FwdParams& p, cudaStream_t stream) {
 
   // The big tile does ~1.25x the work per SM-cycle of the small one (more FFMA per shared load,
   // more ILP); the small tile wins when the big grid fills the GPU poorly or d is small.
-  const int occ_big = blocks_per_sm<BigCfg>(dev), occ_small = blocks_per_sm<SmallCfg>(dev);
-  const double big = cost<BigCfg>(p.M, p.d, sms, occ_big, 1.0);
-  const double small = cost<SmallCfg>(p.M, p.d, sms, occ_small, 0.8);
-  if (big < small) return dispatch_vec<BigCfg>(p, vec_x, vec_p, int64_t(sms) * occ_big, stream);
-  return dispatch_vec<SmallCfg>(p, vec_x, vec_p, int64_t(sms) * occ_small, stream);
+  const double big = cost<BigCfg>(p.M, p.d, sms, blocks_per_sm<BigCfg>(dev), 1.0);
+  const double small = cost<SmallCfg>(p.M, p.d, sms, blocks_per_sm<SmallCfg>(dev), 0.8);
+  if (big < small) return dispatch_vec<BigCfg>(p, vec_x, vec_p, stream);
+  return dispatch_vec<SmallCfg>(p, vec_x, vec_p, stream);
 }
 
 }  // namespace flash_eqlinear
