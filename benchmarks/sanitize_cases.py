@@ -14,7 +14,7 @@ SHAPES = [(1, 1, 1), (7, 3, 59), (129, 59, 200), (300, 64, 64), (257, 200, 48), 
 SHAPES += [(17925, 16, 16)]  # more tiles than SMs: persistent blocks walk several
 SHAPES += [(257, 20, 31), (1000, 32, 32), (4097, 16, 8)]  # the narrow kernel's other tiles
 SHAPES += [(5000, 40, 200), (20000, 3, 200)]  # FP32 tiled: more tiles than blocks (one k tile for c = 3)
-DIRECTIONS = sys.argv[1:] or ["fwd", "bwd"]  # which ops to exercise
+DIRECTIONS = sys.argv[1:] or ["fwd", "bwd", "dft"]  # which ops to exercise (dft: the group DFT alone)
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -66,5 +66,13 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16) if "bwd" in DIRECTIO
         for got, ref in ((gp, rp), (gb, rb), (gb_dft, rb)):
             err = rel_err(got, ref)
             assert err < TOL[dtype], ("bwd_weight", dtype, M, c, d, err)
+# Group DFT alone (its shared-memory column-sum reduction; each channels-per-thread width).
+for dtype in (torch.float32, torch.float16, torch.bfloat16) if "dft" in DIRECTIONS else ():
+    for M, n in [(1, 1), (129, 59), (33, 6), (4097, 64), (3001, 300), (20000, 2), (5000, 48)]:
+        t = torch.randn(M, 4 * n, device="cuda", dtype=dtype)
+        want = t.double().view(M, n, 4).sum((0, 2))
+        for input in (True, False):
+            _, sums = torch.ops.flash_eqlinear.eq_group_dft(t, input, True)
+            assert rel_err(sums, want) < TOL[dtype], ("group_dft", dtype, M, n, input)
 torch.cuda.synchronize()
 print("sanitize cases OK")
