@@ -14,7 +14,7 @@ SHAPES = [(1, 1, 1), (7, 3, 59), (129, 59, 200), (300, 64, 64), (257, 200, 48), 
 SHAPES += [(17925, 16, 16)]  # more tiles than SMs: persistent blocks walk several
 SHAPES += [(257, 20, 31), (1000, 32, 32), (4097, 16, 8)]  # the narrow kernel's other tiles
 SHAPES += [(5000, 40, 200), (20000, 3, 200)]  # FP32 tiled: more tiles than blocks (one k tile for c = 3)
-DIRECTIONS = sys.argv[1:] or ["fwd", "bwd", "dft"]  # which ops to exercise (dft: the group DFT alone)
+DIRECTIONS = sys.argv[1:] or ["fwd", "bwd", "dft", "tiles"]  # which ops (dft: group DFT; tiles: FP32 tiles)
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -52,6 +52,19 @@ for M, c, d in [(1000, 64, 64), (257, 48, 59), (4097, 33, 64), (129, 64, 20)] if
         ref = reference.fourier_eq_linear(xi.double(), planes.double(), b.double(), 4)
         y = torch.ops.flash_eqlinear.eq_linear_fwd(xi, planes, b)
         assert rel_err(y, ref) < 1e-5, ("narrow fp32", M, c, d)
+del os.environ["FLASH_EQLINEAR_NARROW"]
+# Each exact-FP32 tile forced, more tiles than blocks in flight and a single k tile (c = 3).
+os.environ["FLASH_EQLINEAR_NARROW"] = "0"
+for tile in ("big", "pair", "small") if "tiles" in DIRECTIONS else ():
+    os.environ["FLASH_EQLINEAR_FP32_TILE"] = tile
+    for M, c, d in [(5000, 40, 200), (3001, 3, 48), (129, 64, 64), (7, 200, 33)]:
+        x = torch.randn(M, 4 * c, device="cuda")
+        planes = torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5
+        b = torch.randn(d, device="cuda")
+        ref = reference.fourier_eq_linear(x.double(), planes.double(), b.double(), 4)
+        y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
+        assert rel_err(y, ref) < 1e-5, ("tile", tile, M, c, d)
+os.environ.pop("FLASH_EQLINEAR_FP32_TILE", None)
 del os.environ["FLASH_EQLINEAR_NARROW"]
 # Weight gradient (grad_planes, grad_bias): ragged shapes, including a larger M (split over M).
 for dtype in (torch.float32, torch.float16, torch.bfloat16) if "bwd" in DIRECTIONS else ():

@@ -165,6 +165,40 @@ def test_fp32_dispatch_of_the_wide_narrow_tiles(c, d, narrow):
     assert any("narrow" in n for n in names) == bool(narrow), names
 
 
+# FP32 tile configurations of eq_linear_fwd_fp32.cu: TileCfg's template arguments.
+FP32_TILES = {"big": (4, 2, 8, 4, 8, 1), "pair": (2, 2, 8, 4, 8, 2), "small": (4, 1, 4, 4, 8, 3)}
+
+
+def ran_tile(names, tile):
+    """Whether one of the kernel names (demangled or mangled) is the FP32 kernel with this tile."""
+    args = FP32_TILES[tile]
+    spelled = ("TileCfg<" + ",".join(map(str, args)) + ">", "TileCfgI" + "".join(f"Li{a}E" for a in args))
+    return any(form in n.replace(" ", "") for n in names for form in spelled)
+
+
+@pytest.mark.parametrize("tile", list(FP32_TILES))
+@pytest.mark.parametrize("M, c, d", [(4097, 59, 200), (129, 64, 64), (3001, 3, 48), (7, 200, 33)])
+def test_fp32_tile_configs(M, c, d, tile, monkeypatch):
+    # FLASH_EQLINEAR_FP32_TILE forces each exact-FP32 tile: each under 1e-5 against float64 (ragged
+    # rows, channels and k tails; one k tile for c = 3), and the profiler shows the forced one ran.
+    monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
+    monkeypatch.setenv("FLASH_EQLINEAR_FP32_TILE", tile)
+    x, planes, b = make(M, c, d, torch.float32, seed=M + c + d)
+    y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
+    assert rel_l2(y, fp64_reference(x, planes, b)[0]) < 1e-5
+    names = launched_kernels(lambda: torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b))
+    assert ran_tile(names, tile), names
+
+
+@pytest.mark.parametrize("c, tile", [(64, "pair"), (512, "big")])
+def test_fp32_short_k_takes_the_paired_tile(c, tile, monkeypatch):
+    # Default rule: c <= 256 with a full grid takes the paired 64 x 64 tile, longer K the big one.
+    monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
+    x, planes, b = make(32768, c, c, torch.float32)
+    names = launched_kernels(lambda: torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b))
+    assert ran_tile(names, tile), names
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_misaligned_views(dtype):
     # x at an 8-byte offset and bias at a 2-byte offset: the vectorised / TMA paths must step aside.
