@@ -55,7 +55,7 @@ for M, c, d in [(1000, 64, 64), (257, 48, 59), (4097, 33, 64), (129, 64, 20)] if
 del os.environ["FLASH_EQLINEAR_NARROW"]
 # Each exact-FP32 tile forced, more tiles than blocks in flight and a single k tile (c = 3).
 os.environ["FLASH_EQLINEAR_NARROW"] = "0"
-for tile in ("big", "pair", "small") if "tiles" in DIRECTIONS else ():
+for tile in ("big", "small") if "tiles" in DIRECTIONS else ():
     os.environ["FLASH_EQLINEAR_FP32_TILE"] = tile
     for M, c, d in [(5000, 40, 200), (3001, 3, 48), (129, 64, 64), (7, 200, 33)]:
         x = torch.randn(M, 4 * c, device="cuda")

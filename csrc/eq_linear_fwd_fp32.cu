@@ -11,11 +11,11 @@
 // n0 + 32q + 0..3), i.e. 4 * TM * TN accumulators.
 //   big:   4 x 2 warps, 8 x 4 per lane -> 128 x 64 tile, 256 threads, 128 accumulators/lane,
 //          12 LDS.128 per 192 FFMA, one block (8 warps) per SM.
-//   pair:  2 x 2 warps, 8 x 4 per lane ->  64 x 64 tile, 128 threads, the big tile's warp tiles
-//          in blocks of half the size, two per SM: for short K (small c), where one block's
-//          fill, k-tile barriers and epilogue leave the SM idle unless another block computes.
-//   small: 4 x 1 warps, 4 x 4 per lane ->  64 x 32 tile, 128 threads, for grids that would
-//          fill the GPU poorly with the big tile (small M, small d).
+//   small: 4 x 1 warps, 4 x 4 per lane ->  64 x 32 tile, 128 threads, three blocks per SM: for
+//          grids that would fill the GPU poorly with the big tile (small M, small d) and for
+//          short K (c <= 512), where three blocks hide each other's fill, k-tile barriers and
+//          epilogue (H100, M = 32768, C = D = 4c: 0.064 / 0.191 / 0.670 / 2.55 ms against the big
+//          tile's 0.071 / 0.207 / 0.707 / 2.61 ms at c = 64 / 128 / 256 / 512).
 // Blocks walk the (M tile, d tile) grid in groups of kGroupM M tiles for L2 reuse.
 //
 // Shared memory (dynamic), two stages, k-major so that a k step reads rows / channels as float4:
@@ -83,7 +83,6 @@ struct TileCfg {
 };
 
 using BigCfg = TileCfg<4, 2, 8, 4, 8, 1>;    // 128 x 64, ~225 registers: one block per SM
-using PairCfg = TileCfg<2, 2, 8, 4, 8, 2>;   //  64 x 64, ~225 registers: two blocks per SM
 using SmallCfg = TileCfg<4, 1, 4, 4, 8, 3>;  //  64 x 32, ~140 registers: three blocks per SM
 
 // M tiles processed together (across all d tiles) so that x rows and plane slices of the blocks
@@ -392,16 +391,15 @@ double cost(int64_t M, int64_t d, int sms, int occ, double rel_speed) {
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
 
-// Input channels up to which the paired tile replaces the big one.
-constexpr int64_t kPairMaxC = 256;
+// Input channels up to which the small tile runs whatever the grid.
+constexpr int64_t kSmallMaxC = 512;
 
-// FLASH_EQLINEAR_FP32_TILE=big|pair|small forces a tile configuration (to test and time each);
-// 0 when unset: the shape rule decides.
+// FLASH_EQLINEAR_FP32_TILE=big|small forces a tile configuration (to test and time each); 0 when
+// unset: the shape rule decides.
 char forced_tile() {
   const char* v = std::getenv("FLASH_EQLINEAR_FP32_TILE");
   if (v == nullptr) return 0;
   if (std::strcmp(v, "big") == 0) return 'b';
-  if (std::strcmp(v, "pair") == 0) return 'p';
   if (std::strcmp(v, "small") == 0) return 's';
   return 0;
 }
@@ -425,19 +423,16 @@ cudaError_t eq_linear_fwd_fp32(const FwdParams& p, cudaStream_t stream) {
 
   switch (forced_tile()) {
     case 'b': return dispatch_vec<BigCfg>(p, vec_x, vec_p, stream);
-    case 'p': return dispatch_vec<PairCfg>(p, vec_x, vec_p, stream);
     case 's': return dispatch_vec<SmallCfg>(p, vec_x, vec_p, stream);
     default: break;
   }
-  // The big tile does ~1.25x the work per SM-cycle of the small one (more FFMA per shared load,
-  // more ILP); the small tile wins when the big grid fills the GPU poorly or d is small. For short
-  // K the paired tile replaces the big one where two of its blocks fit on an SM.
-  const bool pair = p.c <= kPairMaxC && blocks_per_sm<PairCfg>(dev) >= 2;
-  const double big = pair ? cost<PairCfg>(p.M, p.d, sms, blocks_per_sm<PairCfg>(dev), 1.0)
-                          : cost<BigCfg>(p.M, p.d, sms, blocks_per_sm<BigCfg>(dev), 1.0);
+  // The big tile does ~1.25x the work per SM-cycle of the small one at long K (more FFMA per
+  // shared load, more ILP); the small tile wins when the big grid fills the GPU poorly or d is
+  // small, and at short K (measured up to c = 512; see the tile list above).
+  if (p.c <= kSmallMaxC) return dispatch_vec<SmallCfg>(p, vec_x, vec_p, stream);
+  const double big = cost<BigCfg>(p.M, p.d, sms, blocks_per_sm<BigCfg>(dev), 1.0);
   const double small = cost<SmallCfg>(p.M, p.d, sms, blocks_per_sm<SmallCfg>(dev), 0.8);
-  if (big < small)
-    return pair ? dispatch_vec<PairCfg>(p, vec_x, vec_p, stream) : dispatch_vec<BigCfg>(p, vec_x, vec_p, stream);
+  if (big < small) return dispatch_vec<BigCfg>(p, vec_x, vec_p, stream);
   return dispatch_vec<SmallCfg>(p, vec_x, vec_p, stream);
 }
 

@@ -166,7 +166,7 @@ def test_fp32_dispatch_of_the_wide_narrow_tiles(c, d, narrow):
 
 
 # FP32 tile configurations of eq_linear_fwd_fp32.cu: TileCfg's template arguments.
-FP32_TILES = {"big": (4, 2, 8, 4, 8, 1), "pair": (2, 2, 8, 4, 8, 2), "small": (4, 1, 4, 4, 8, 3)}
+FP32_TILES = {"big": (4, 2, 8, 4, 8, 1), "small": (4, 1, 4, 4, 8, 3)}
 
 
 def ran_tile(names, tile):
@@ -190,9 +190,9 @@ def test_fp32_tile_configs(M, c, d, tile, monkeypatch):
     assert ran_tile(names, tile), names
 
 
-@pytest.mark.parametrize("c, tile", [(64, "pair"), (512, "big")])
-def test_fp32_short_k_takes_the_paired_tile(c, tile, monkeypatch):
-    # Default rule: c <= 256 with a full grid takes the paired 64 x 64 tile, longer K the big one.
+@pytest.mark.parametrize("c, tile", [(64, "small"), (512, "small"), (1024, "big")])
+def test_fp32_tile_by_k(c, tile, monkeypatch):
+    # Default rule with a full grid: the small tile up to c = 512, the big one for longer K.
     monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
     x, planes, b = make(32768, c, c, torch.float32)
     names = launched_kernels(lambda: torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b))
