@@ -34,7 +34,7 @@ template <class T> __device__ __forceinline__ uint32_t elem_bits(float v) {
   else return __bfloat16_as_ushort(t);
 }
 
-// kW words from global memory (8 bytes or a multiple of 16, aligned to that).
+// kW words from global memory: 8 bytes (8-byte aligned) or a multiple of 16 (16-byte aligned).
 template <int kW> __device__ __forceinline__ void load_words(uint32_t (&w)[kW], const void* p) {
   if constexpr (kW == 2) {
     const uint2 v = __ldg(static_cast<const uint2*>(p));
@@ -69,8 +69,9 @@ template <class T, int kC> __device__ __forceinline__ void store_elems(T* dst, c
 // Rows each thread has in flight per loop step (independent 8-32 byte loads hide DRAM latency).
 constexpr int kRowsInFlight = 2;
 
-// Threads own kC consecutive channels (one or two 16-byte loads where the layout allows: kC = 4
-// for 16-bit types and 2 for float when n is a multiple; 8-byte stores per plane) and walk rows:
+// Threads own kC consecutive channels (kC = 4 for 16-bit types, 2 for float, where n is a multiple
+// and the pointers allow: two 16-byte loads and 8-byte stores per plane; else kC = 2 or 1 with
+// narrower accesses; see channels_per_thread) and walk rows:
 // blockIdx.y picks a chunk of rows, and a block covers W channel groups x (256 / W) rows at a time
 // (W = min(groups per row, 256)), so consecutive threads touch consecutive channels (coalesced
 // loads and stores), kRowsInFlight rows per step. FP32 transform, one rounding per plane value.

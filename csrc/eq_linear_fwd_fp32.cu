@@ -379,7 +379,7 @@ constexpr int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // Rough time of a configuration in units of (tile outputs / relative throughput): waves of
 // resident blocks times the work an SM does per wave. Captures wave quantization and tile
-// padding waste, which are what decide between the two tiles.
+// padding waste, which are what decide between the two tiles for c > kSmallMaxC.
 template <class Cfg>
 double cost(int64_t M, int64_t d, int sms, int occ, double rel_speed) {
   const int64_t blocks = ((M + Cfg::BM - 1) / Cfg::BM) * ((d + Cfg::BN - 1) / Cfg::BN);

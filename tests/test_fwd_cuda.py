@@ -153,12 +153,14 @@ def launched_kernels(fn):
 
 
 @pytest.mark.parametrize("c, d, narrow", WIDE_NARROW_DISPATCH)
-def test_fp32_dispatch_of_the_wide_narrow_tiles(c, d, narrow):
+def test_fp32_dispatch_of_the_wide_narrow_tiles(c, d, narrow, monkeypatch):
     # Exact FP32 takes the narrow kernel's 64-wide tiles by default only where one of c, d <= 32 (where
-    # they beat the tiled kernel on an H100). Both kernels are exact and sum in the same order, so the
-    # result does not tell which ran: the profiler's kernel names do.
+    # they beat the tiled kernel on an H100). Both kernels are exact and gave bitwise-equal results
+    # here, so the result does not tell which ran: the profiler's kernel names do.
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the 64-wide FP32 tiles need an H100-class shared memory")
+    for switch in ("FLASH_EQLINEAR_NARROW", "FLASH_EQLINEAR_FP32_TILE", "FLASH_EQLINEAR_FP32"):
+        monkeypatch.delenv(switch, raising=False)
     x, planes, b = make(4097, c, d, torch.float32)
     names = launched_kernels(lambda: torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b))
     assert any("eq_linear_fwd" in n for n in names), names
@@ -188,12 +190,15 @@ def test_fp32_tile_configs(M, c, d, tile, monkeypatch):
     assert rel_l2(y, fp64_reference(x, planes, b)[0]) < 1e-5
     names = launched_kernels(lambda: torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b))
     assert ran_tile(names, tile), names
+    x_off = torch.empty(M * 4 * c + 1, device=DEV)[1:].view(M, 4 * c).copy_(x)  # 4-byte offset: scalar path
+    assert torch.equal(torch.ops.flash_eqlinear.eq_linear_fwd(x_off, planes, b), y)
 
 
 @pytest.mark.parametrize("c, tile", [(64, "small"), (512, "small"), (1024, "big")])
 def test_fp32_tile_by_k(c, tile, monkeypatch):
     # Default rule with a full grid: the small tile up to c = 512, the big one for longer K.
     monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
+    monkeypatch.delenv("FLASH_EQLINEAR_FP32_TILE", raising=False)
     x, planes, b = make(32768, c, c, torch.float32)
     names = launched_kernels(lambda: torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b))
     assert ran_tile(names, tile), names
@@ -611,6 +616,9 @@ def test_group_dft_planes(M, n, input, dtype):
     assert torch.equal(plain, out) and none.numel() == 0
     if M:
         torch.library.opcheck(torch.ops.flash_eqlinear.eq_group_dft.default, (t, input, True))
+        # A view 4 elements (8 bytes for 16-bit types) off a 16-byte boundary: narrower loads, same bits.
+        t_off = torch.empty(M * 4 * n + 4, device=DEV, dtype=dtype)[4:].view(M, 4 * n).copy_(t)
+        assert torch.equal(torch.ops.flash_eqlinear.eq_group_dft(t_off, input, False)[0], out)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
