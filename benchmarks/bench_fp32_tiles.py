@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_op import graphed  # noqa: E402
-from common import bench, env_switch, environment, n_buffers, save_json  # noqa: E402
+from bench_op import graphed_ms  # noqa: E402
+from common import environment, n_buffers, save_json  # noqa: E402
 
 import flash_eqlinear as fe  # noqa: E402
 from flash_eqlinear import reference  # noqa: E402
@@ -28,10 +28,8 @@ TILES = ("default", "big", "small")
 
 
 def timed(fn, xs, tile: str) -> float:
-    """ms per call of fn over xs, the tile fixed when the graph is captured."""
-    with env_switch("FLASH_EQLINEAR_NARROW", "0"), env_switch("FLASH_EQLINEAR_FP32_TILE", tile):
-        replay = graphed(fn, xs)
-    return bench(replay, [()], min_time_s=0.2) / len(xs)
+    """ms per call of fn over xs with the FP32 tile forced (the narrow kernel off)."""
+    return graphed_ms(fn, xs, {"FLASH_EQLINEAR_NARROW": "0", "FLASH_EQLINEAR_FP32_TILE": tile})
 
 
 def main() -> None:

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_op import DTYPES, graphed  # noqa: E402
-from common import bench, env_switch, environment, measure_ceilings, n_buffers, save_json  # noqa: E402
+from bench_op import DTYPES, graphed_ms  # noqa: E402
+from common import environment, measure_ceilings, n_buffers, save_json  # noqa: E402
 
 import flash_eqlinear as fe  # noqa: E402
 from flash_eqlinear import reference  # noqa: E402
@@ -30,10 +30,8 @@ SHAPES_FP32 = [(32, 64), (64, 32), (48, 48), (64, 64)]  # exact FP32 has narrow 
 
 
 def timed(fn, xs, narrow: bool) -> float:
-    """ms per call of fn over xs, the kernel choice fixed when the graph is captured."""
-    with env_switch("FLASH_EQLINEAR_NARROW", "1" if narrow else "0"):
-        replay = graphed(fn, xs)
-    return bench(replay, [()], min_time_s=0.2) / len(xs)
+    """ms per call of fn over xs, with the narrow kernel on or off."""
+    return graphed_ms(fn, xs, {"FLASH_EQLINEAR_NARROW": "1" if narrow else "0"})
 
 
 def main() -> None:

@@ -1,10 +1,10 @@
 """Small, varied kernel launches for compute-sanitizer (memcheck, racecheck): ragged and aligned
 shapes in every dtype, with and without bias. Exits non-zero on a wrong result."""
 
-import os
 import sys
 
 import torch
+from common import env_switch
 
 import flash_eqlinear  # noqa: F401  (registers the ops)
 from flash_eqlinear import reference
@@ -43,29 +43,25 @@ for M, c, d in SHAPES if "fwd" in DIRECTIONS else ():
     assert err < 5e-3, ("tf32", M, c, d, err)
 torch.backends.cuda.matmul.allow_tf32 = False
 # Exact FP32 narrow tiles for c or d in 33 .. 64 (taken when forced), vector and element paths.
-os.environ["FLASH_EQLINEAR_NARROW"] = "1"
 for M, c, d in [(1000, 64, 64), (257, 48, 59), (4097, 33, 64), (129, 64, 20)] if "fwd" in DIRECTIONS else ():
     x = torch.randn(M * 4 * c + 1, device="cuda")[1:].view(M, 4 * c)  # 4-byte offset: the element path
     for xi in (x.clone(), x):
         planes = torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5
         b = torch.randn(d, device="cuda")
         ref = reference.fourier_eq_linear(xi.double(), planes.double(), b.double(), 4)
-        y = torch.ops.flash_eqlinear.eq_linear_fwd(xi, planes, b)
+        with env_switch("FLASH_EQLINEAR_NARROW", "1"):
+            y = torch.ops.flash_eqlinear.eq_linear_fwd(xi, planes, b)
         assert rel_err(y, ref) < 1e-5, ("narrow fp32", M, c, d)
-del os.environ["FLASH_EQLINEAR_NARROW"]
 # Each exact-FP32 tile forced, more tiles than blocks in flight and a single k tile (c = 3).
-os.environ["FLASH_EQLINEAR_NARROW"] = "0"
 for tile in ("big", "small") if "tiles" in DIRECTIONS else ():
-    os.environ["FLASH_EQLINEAR_FP32_TILE"] = tile
     for M, c, d in [(5000, 40, 200), (3001, 3, 48), (129, 64, 64), (7, 200, 33)]:
         x = torch.randn(M, 4 * c, device="cuda")
         planes = torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5
         b = torch.randn(d, device="cuda")
         ref = reference.fourier_eq_linear(x.double(), planes.double(), b.double(), 4)
-        y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
+        with env_switch("FLASH_EQLINEAR_NARROW", "0"), env_switch("FLASH_EQLINEAR_FP32_TILE", tile):
+            y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
         assert rel_err(y, ref) < 1e-5, ("tile", tile, M, c, d)
-os.environ.pop("FLASH_EQLINEAR_FP32_TILE", None)
-del os.environ["FLASH_EQLINEAR_NARROW"]
 # Weight gradient (grad_planes, grad_bias): ragged shapes, including a larger M (split over M).
 for dtype in (torch.float32, torch.float16, torch.bfloat16) if "bwd" in DIRECTIONS else ():
     for M, c, d in SHAPES + [(5000, 48, 59), (3000, 64, 128)]:

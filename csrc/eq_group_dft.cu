@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(256) group_dft_kernel(const T* __restrict__ sr
                                                         bool blocks, float* __restrict__ sums) {
   constexpr float kH = 0.70710678118654752f;
   constexpr int kPlanes = kInput ? 5 : 4, kU = kRowsInFlight;
-  constexpr int kW = kC * 4 * int(sizeof(T)) / 4;  // words of one thread's kC quads
+  constexpr int kW = kC * int(sizeof(T));  // 32-bit words of one thread's kC quads (4 elements each)
   const int R = 256 / W, lane = threadIdx.x % W, row_off = threadIdx.x / W;
   const int64_t cg = int64_t(blockIdx.x) * W + lane;
   const bool active = row_off < R && cg < gpr;
