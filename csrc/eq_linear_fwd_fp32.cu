@@ -84,6 +84,9 @@ struct TileCfg {
 
 using BigCfg = TileCfg<4, 2, 8, 4, 8, 1>;    // 128 x 64, ~225 registers: one block per SM
 using SmallCfg = TileCfg<4, 1, 4, 4, 8, 3>;  //  64 x 32, ~140 registers: three blocks per SM
+// Candidates for short K with 16 warps per SM (<= 128 registers, no spills; not yet timed):
+using Small4Cfg = TileCfg<4, 1, 4, 4, 8, 4>;  //  64 x 32, four blocks per SM
+using MidCfg = TileCfg<4, 2, 4, 4, 8, 2>;     //  64 x 64, 256 threads, two blocks per SM
 
 // M tiles processed together (across all d tiles) so that x rows and plane slices of the blocks
 // resident at one time stay in L2 instead of x being re-read from DRAM once per d tile.
@@ -394,13 +397,15 @@ bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15)
 // Input channels up to which the small tile runs whatever the grid.
 constexpr int64_t kSmallMaxC = 512;
 
-// FLASH_EQLINEAR_FP32_TILE=big|small forces a tile configuration (to test and time each); 0 when
+// FLASH_EQLINEAR_FP32_TILE=big|small|small4|mid forces a tile configuration (to test and time each); 0 when
 // unset: the shape rule decides.
 char forced_tile() {
   const char* v = std::getenv("FLASH_EQLINEAR_FP32_TILE");
   if (v == nullptr) return 0;
   if (std::strcmp(v, "big") == 0) return 'b';
   if (std::strcmp(v, "small") == 0) return 's';
+  if (std::strcmp(v, "small4") == 0) return '4';
+  if (std::strcmp(v, "mid") == 0) return 'm';
   return 0;
 }
 
@@ -424,6 +429,8 @@ cudaError_t eq_linear_fwd_fp32(const FwdParams& p, cudaStream_t stream) {
   switch (forced_tile()) {
     case 'b': return dispatch_vec<BigCfg>(p, vec_x, vec_p, stream);
     case 's': return dispatch_vec<SmallCfg>(p, vec_x, vec_p, stream);
+    case '4': return dispatch_vec<Small4Cfg>(p, vec_x, vec_p, stream);
+    case 'm': return dispatch_vec<MidCfg>(p, vec_x, vec_p, stream);
     default: break;
   }
   // The big tile does ~1.25x the work per SM-cycle of the small one at long K (more FFMA per

@@ -168,7 +168,12 @@ def test_fp32_dispatch_of_the_wide_narrow_tiles(c, d, narrow, monkeypatch):
 
 
 # FP32 tile configurations of eq_linear_fwd_fp32.cu: TileCfg's template arguments.
-FP32_TILES = {"big": (4, 2, 8, 4, 8, 1), "small": (4, 1, 4, 4, 8, 3)}
+FP32_TILES = {
+    "big": (4, 2, 8, 4, 8, 1),
+    "small": (4, 1, 4, 4, 8, 3),
+    "small4": (4, 1, 4, 4, 8, 4),
+    "mid": (4, 2, 4, 4, 8, 2),
+}
 
 
 def ran_tile(names, tile):
