@@ -204,15 +204,46 @@ cudaError_t launch(const GroupDftParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// One thread per (row, output channel): four coalesced column-block loads, one 16-byte store.
-__global__ void __launch_bounds__(256) group_idft_kernel(GroupIdftParams p) {
-  const int64_t total = p.M * p.d;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
-    const int64_t m = e / p.d, o = e - m * p.d;
-    const float* row = p.a + m * p.lda + o;
-    const float b = p.bias != nullptr ? p.bias[o] : 0.f;
-    reinterpret_cast<float4*>(p.y)[e] = inverse_dft4_f32(row[0], row[p.d], row[2 * p.d], row[3 * p.d], b);
+// kC output channels per thread (2 where d, lda and a allow 8-byte loads), rows walked as in
+// group_dft_kernel (blockIdx.y: a chunk of rows; a block: W channel groups x 256 / W rows), no
+// per-element division: per row, kC-wide loads from the four column blocks and kC 16-byte stores.
+template <int kC>
+__global__ void __launch_bounds__(256) group_idft_kernel(GroupIdftParams p, int64_t gpr, int W, int64_t rows_per_chunk) {
+  constexpr int kU = kRowsInFlight;
+  const int R = 256 / W, lane = threadIdx.x % W, row_off = threadIdx.x / W;
+  const int64_t cg = int64_t(blockIdx.x) * W + lane;
+  if (row_off >= R || cg >= gpr) return;  // no barriers below
+  const int64_t d = p.d, o0 = cg * kC;
+  float b[kC];
+#pragma unroll
+  for (int j = 0; j < kC; ++j) b[j] = p.bias != nullptr ? __ldg(p.bias + o0 + j) : 0.f;
+  const int64_t r_end = p.M < (int64_t(blockIdx.y) + 1) * rows_per_chunk ? p.M : (int64_t(blockIdx.y) + 1) * rows_per_chunk;
+  for (int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk + row_off; r0 < r_end; r0 += kU * R) {
+    float v[kU][4][kC];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {  // all loads first
+      const int64_t r = r0 + u * R;
+      if (r >= r_end) break;
+      const float* row = p.a + r * p.lda + o0;
+#pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        if constexpr (kC == 2) {
+          const float2 t = __ldg(reinterpret_cast<const float2*>(row + g * d));
+          v[u][g][0] = t.x;
+          v[u][g][1] = t.y;
+        } else {
+          v[u][g][0] = __ldg(row + g * d);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t r = r0 + u * R;
+      if (r >= r_end) break;
+#pragma unroll
+      for (int j = 0; j < kC; ++j)
+        reinterpret_cast<float4*>(p.y)[r * d + o0 + j] = inverse_dft4_f32(v[u][0][j], v[u][1][j], v[u][2][j], v[u][3][j], b[j]);
+    }
   }
 }
 
@@ -261,8 +292,13 @@ cudaError_t eq_group_idft_fp32(const GroupIdftParams& p, cudaStream_t stream) {
   if (p.a == nullptr || p.y == nullptr || reinterpret_cast<uintptr_t>(p.y) % 16 != 0) return cudaErrorInvalidValue;
   int sms = 0;
   if (const cudaError_t e = sm_count(&sms); e != cudaSuccess) return e;
-  const int64_t blocks = split::imin(split::cdiv(p.M * p.d, 256), int64_t(sms) * 16);
-  group_idft_kernel<<<unsigned(blocks), 256, 0, stream>>>(p);
+  const bool pairs = p.d % 2 == 0 && p.lda % 2 == 0 && reinterpret_cast<uintptr_t>(p.a) % 8 == 0;
+  const Grid g = grid_for(p.M, pairs ? p.d / 2 : p.d, sms);
+  const dim3 grid(unsigned(g.bx), unsigned(g.chunks));
+  if (pairs)
+    group_idft_kernel<2><<<grid, 256, 0, stream>>>(p, p.d / 2, g.W, g.rows_per_chunk);
+  else
+    group_idft_kernel<1><<<grid, 256, 0, stream>>>(p, p.d, g.W, g.rows_per_chunk);
   return cudaGetLastError();
 }
 
