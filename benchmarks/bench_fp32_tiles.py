@@ -1,7 +1,7 @@
 """Exact-FP32 tile configurations of the tiled forward kernel against each other and F.linear.
 
 For M = 32768 rows and C = D = 4c: forward latency of F.linear and of our op with each tile forced
-(FLASH_EQLINEAR_FP32_TILE=big|small|small4|mid, the narrow kernel off) and with the default rule. CUDA
+(FLASH_EQLINEAR_FP32_TILE=big|small|small4, the narrow kernel off) and with the default rule. CUDA
 graphs over rotated inputs, as bench_op.py. This is what sets kSmallMaxC in eq_linear_fwd_fp32.cu.
 
 Usage: python benchmarks/bench_fp32_tiles.py [--cs 64,128,256,512,1024] [--out NAME.json]
@@ -24,7 +24,7 @@ import flash_eqlinear as fe  # noqa: E402
 from flash_eqlinear import reference  # noqa: E402
 
 OP = torch.ops.flash_eqlinear.eq_linear_fwd
-TILES = ("default", "big", "small", "small4", "mid")
+TILES = ("default", "big", "small", "small4")
 
 
 def timed(fn, xs, tile: str) -> float:

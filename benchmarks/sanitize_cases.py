@@ -53,7 +53,7 @@ for M, c, d in [(1000, 64, 64), (257, 48, 59), (4097, 33, 64), (129, 64, 20)] if
             y = torch.ops.flash_eqlinear.eq_linear_fwd(xi, planes, b)
         assert rel_err(y, ref) < 1e-5, ("narrow fp32", M, c, d)
 # Each exact-FP32 tile forced, more tiles than blocks in flight and a single k tile (c = 3).
-for tile in ("big", "small", "small4", "mid") if "tiles" in DIRECTIONS else ():
+for tile in ("big", "small", "small4") if "tiles" in DIRECTIONS else ():
     for M, c, d in [(5000, 40, 200), (3001, 3, 48), (129, 64, 64), (7, 200, 33)]:
         x = torch.randn(M, 4 * c, device="cuda")
         planes = torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5

@@ -172,7 +172,6 @@ FP32_TILES = {
     "big": (4, 2, 8, 4, 8, 1),
     "small": (4, 1, 4, 4, 8, 3),
     "small4": (4, 1, 4, 4, 8, 4),
-    "mid": (4, 2, 4, 4, 8, 2),
 }
 
 
@@ -199,9 +198,9 @@ def test_fp32_tile_configs(M, c, d, tile, monkeypatch):
     assert torch.equal(torch.ops.flash_eqlinear.eq_linear_fwd(x_off, planes, b), y)
 
 
-@pytest.mark.parametrize("c, tile", [(64, "small"), (512, "small"), (1024, "big")])
+@pytest.mark.parametrize("c, tile", [(64, "small4"), (512, "small4"), (1024, "big")])
 def test_fp32_tile_by_k(c, tile, monkeypatch):
-    # Default rule with a full grid: the small tile up to c = 512, the big one for longer K.
+    # Default rule with a full grid: the four-block small tile up to c = 512, the big one for longer K.
     monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
     monkeypatch.delenv("FLASH_EQLINEAR_FP32_TILE", raising=False)
     x, planes, b = make(32768, c, c, torch.float32)
