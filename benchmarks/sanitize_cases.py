@@ -75,6 +75,18 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16) if "bwd" in DIRECTIO
         for got, ref in ((gp, rp), (gb, rb), (gb_dft, rb)):
             err = rel_err(got, ref)
             assert err < TOL[dtype], ("bwd_weight", dtype, M, c, d, err)
+# The whole GEMM-form backward with fp16 / bf16 grad_x from grad_y's planes (inverse-DFT pass into
+# 16-bit; pairs and single channels).
+for dtype in (torch.float16, torch.bfloat16) if "bwd" in DIRECTIONS else ():
+    for M, c, d in [(7, 3, 59), (129, 59, 200), (1000, 64, 48), (257, 200, 31)]:
+        x = torch.randn(M, 4 * c, device="cuda", dtype=dtype)
+        gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
+        planes = (torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5).to(dtype)
+        with env_switch("FLASH_EQLINEAR_GRAD_X", "gemm"):
+            gx, gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd(gy, x, planes, True, True, True, True)
+        want = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double())
+        for got, ref in zip((gx, gp, gb), want, strict=True):
+            assert rel_err(got, ref) < TOL[dtype], ("bwd gemm", dtype, M, c, d)
 # Group DFT alone (its shared-memory column-sum reduction; each channels-per-thread width).
 for dtype in (torch.float32, torch.float16, torch.bfloat16) if "dft" in DIRECTIONS else ():
     for M, n in [(1, 1), (129, 59), (33, 6), (4097, 64), (3001, 300), (20000, 2), (5000, 48)]:

@@ -206,17 +206,21 @@ cudaError_t launch(const GroupDftParams& p, cudaStream_t stream) {
 
 // kC output channels per thread (2 where d, lda and a allow 8-byte loads), rows walked as in
 // group_dft_kernel (blockIdx.y: a chunk of rows; a block: W channel groups x 256 / W rows), no
-// per-element division: per row, kC-wide loads from the four column blocks and kC 16-byte stores.
-template <int kC>
+// per-element division: per row, kC-wide loads from the four column blocks, the inverse transform in
+// FP32 and one rounding to T, and the kC channels' 4 kC outputs in one store (16 bytes, or 8 for one
+// 16-bit channel).
+template <class T, int kC>
 __global__ void __launch_bounds__(256) group_idft_kernel(GroupIdftParams p, int64_t gpr, int W, int64_t rows_per_chunk) {
   constexpr int kU = kRowsInFlight;
   const int R = 256 / W, lane = threadIdx.x % W, row_off = threadIdx.x / W;
   const int64_t cg = int64_t(blockIdx.x) * W + lane;
   if (row_off >= R || cg >= gpr) return;  // no barriers below
   const int64_t d = p.d, o0 = cg * kC;
+  const T* bias = static_cast<const T*>(p.bias);
+  T* y = static_cast<T*>(p.y);
   float b[kC];
 #pragma unroll
-  for (int j = 0; j < kC; ++j) b[j] = p.bias != nullptr ? __ldg(p.bias + o0 + j) : 0.f;
+  for (int j = 0; j < kC; ++j) b[j] = bias != nullptr ? to_float(bias[o0 + j]) : 0.f;
   const int64_t r_end = p.M < (int64_t(blockIdx.y) + 1) * rows_per_chunk ? p.M : (int64_t(blockIdx.y) + 1) * rows_per_chunk;
   for (int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk + row_off; r0 < r_end; r0 += kU * R) {
     float v[kU][4][kC];
@@ -240,11 +244,40 @@ __global__ void __launch_bounds__(256) group_idft_kernel(GroupIdftParams p, int6
     for (int u = 0; u < kU; ++u) {
       const int64_t r = r0 + u * R;
       if (r >= r_end) break;
+      T* dst = y + (r * d + o0) * 4;
+      if constexpr (sizeof(T) == 4) {
 #pragma unroll
-      for (int j = 0; j < kC; ++j)
-        reinterpret_cast<float4*>(p.y)[r * d + o0 + j] = inverse_dft4_f32(v[u][0][j], v[u][1][j], v[u][2][j], v[u][3][j], b[j]);
+        for (int j = 0; j < kC; ++j)
+          reinterpret_cast<float4*>(dst)[j] = inverse_dft4_f32(v[u][0][j], v[u][1][j], v[u][2][j], v[u][3][j], b[j]);
+      } else {
+        uint32_t w[2 * kC];  // (y0, y1), (y2, y3) per channel
+#pragma unroll
+        for (int j = 0; j < kC; ++j) {
+          const float4 q = inverse_dft4_f32(v[u][0][j], v[u][1][j], v[u][2][j], v[u][3][j], b[j]);
+          w[2 * j] = elem_bits<T>(q.x) | elem_bits<T>(q.y) << 16;
+          w[2 * j + 1] = elem_bits<T>(q.z) | elem_bits<T>(q.w) << 16;
+        }
+        if constexpr (kC == 2)
+          *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+        else
+          *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+      }
     }
   }
+}
+
+template <class T>
+cudaError_t launch_idft(const GroupIdftParams& p, cudaStream_t stream) {
+  int sms = 0;
+  if (const cudaError_t e = sm_count(&sms); e != cudaSuccess) return e;
+  const bool pairs = p.d % 2 == 0 && p.lda % 2 == 0 && reinterpret_cast<uintptr_t>(p.a) % 8 == 0;
+  const Grid g = grid_for(p.M, pairs ? p.d / 2 : p.d, sms);
+  const dim3 grid(unsigned(g.bx), unsigned(g.chunks));
+  if (pairs)
+    group_idft_kernel<T, 2><<<grid, 256, 0, stream>>>(p, p.d / 2, g.W, g.rows_per_chunk);
+  else
+    group_idft_kernel<T, 1><<<grid, 256, 0, stream>>>(p, p.d, g.W, g.rows_per_chunk);
+  return cudaGetLastError();
 }
 
 __device__ __forceinline__ float tf32_hi(float f) {
@@ -286,20 +319,12 @@ cudaError_t eq_group_dft_split_fp32(const float* x, float* dst, int64_t M, int64
   return cudaGetLastError();
 }
 
-cudaError_t eq_group_idft_fp32(const GroupIdftParams& p, cudaStream_t stream) {
+cudaError_t eq_group_idft(const GroupIdftParams& p, int elem_bytes, bool bf16, cudaStream_t stream) {
   if (p.M < 0 || p.d < 1 || p.lda < 4 * p.d) return cudaErrorInvalidValue;
   if (p.M == 0) return cudaSuccess;
   if (p.a == nullptr || p.y == nullptr || reinterpret_cast<uintptr_t>(p.y) % 16 != 0) return cudaErrorInvalidValue;
-  int sms = 0;
-  if (const cudaError_t e = sm_count(&sms); e != cudaSuccess) return e;
-  const bool pairs = p.d % 2 == 0 && p.lda % 2 == 0 && reinterpret_cast<uintptr_t>(p.a) % 8 == 0;
-  const Grid g = grid_for(p.M, pairs ? p.d / 2 : p.d, sms);
-  const dim3 grid(unsigned(g.bx), unsigned(g.chunks));
-  if (pairs)
-    group_idft_kernel<2><<<grid, 256, 0, stream>>>(p, p.d / 2, g.W, g.rows_per_chunk);
-  else
-    group_idft_kernel<1><<<grid, 256, 0, stream>>>(p, p.d, g.W, g.rows_per_chunk);
-  return cudaGetLastError();
+  if (elem_bytes == 4) return launch_idft<float>(p, stream);
+  return bf16 ? launch_idft<__nv_bfloat16>(p, stream) : launch_idft<__half>(p, stream);
 }
 
 int64_t eq_group_dft_sum_chunks(const GroupDftParams& p, int elem_bytes) {

@@ -48,18 +48,20 @@ cudaError_t eq_group_dft(const GroupDftParams& p, int elem_bytes, bool bf16, cud
 // x (M, c, 4) must be 16-byte aligned.
 cudaError_t eq_group_dft_split_fp32(const float* x, float* dst, int64_t M, int64_t c, cudaStream_t stream);
 
-// Inverse group DFT + bias, FP32 (the epilogue of the TF32 forward, flash_eqlinear bindings):
-//   a (M, 4d) column blocks [a0 | a2 | aR | aI] (row stride lda >= 4d), bias (d,) or nullptr ->
+// Inverse group DFT + bias (the last pass of the TF32 / 3xTF32 forwards and of the GEMM-form grad_x,
+// flash_eqlinear bindings):
+//   a (M, 4d) FP32 column blocks [a0 | a2 | aR | aI] (row stride lda >= 4d), bias (d,) or nullptr ->
 //   y (M, d, 4) contiguous with y0 = a0/2 + a2/2 + h aR, y1 = a0/2 - a2/2 - h aI,
 //   y2 = a0/2 + a2/2 - h aR, y3 = a0/2 - a2/2 + h aI (+ bias[o]), h = sqrt(2)/2: the p4 epilogue of
 //   DESIGN.md for the six plane products a0 = f0 P0^T, a2 = f2 P2^T, aR = fR PR^T - fI PI^T,
-//   aI = fR PI^T + fI PR^T. y must be 16-byte aligned.
+//   aI = fR PI^T + fI PR^T. FP32 arithmetic, one rounding per output. y and bias have the element
+//   type (elem_bytes 4: float; 2: bf16 ? __nv_bfloat16 : __half); y must be 16-byte aligned.
 struct GroupIdftParams {
   const float* a;
-  const float* bias;  // nullptr: none
-  float* y;
+  const void* bias;  // nullptr: none
+  void* y;
   int64_t M, d, lda;
 };
-cudaError_t eq_group_idft_fp32(const GroupIdftParams& p, cudaStream_t stream);
+cudaError_t eq_group_idft(const GroupIdftParams& p, int elem_bytes, bool bf16, cudaStream_t stream);
 
 }  // namespace flash_eqlinear

@@ -51,41 +51,73 @@ at::Tensor complex_block(const at::Tensor& p) {
   return at::cat({at::cat({pr, pi.neg()}, 1), at::cat({pi, pr}, 1)});
 }
 
-// y (M, d, 4) = inverse DFT of a (M, 4d) column blocks [a0 | a2 | aR | aI] + bias (FP32): the last
-// pass of the TF32 and 3xTF32 forwards; `what` names the caller in the error.
+// y (M, d, 4) = inverse DFT of a (M, 4d) FP32 column blocks [a0 | a2 | aR | aI] + bias, in y's dtype:
+// the last pass of the TF32 / 3xTF32 forwards and of the GEMM-form grad_x; `what` names the caller.
 void inverse_dft_into(const at::Tensor& a, const at::Tensor& bias, at::Tensor& y, const char* what) {
   const int64_t M = a.size(0), d = a.size(1) / 4;
-  GroupIdftParams ip{a.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(),
-                     M, d, 4 * d};
-  const cudaError_t err = eq_group_idft_fp32(ip, at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd (", what, "): inverse DFT failed: ", cudaGetErrorString(err));
+  GroupIdftParams ip{a.data_ptr<float>(), bias.defined() ? bias.data_ptr() : nullptr, y.data_ptr(), M, d, 4 * d};
+  const cudaError_t err = eq_group_idft(ip, static_cast<int>(y.element_size()), y.scalar_type() == at::kBFloat16,
+                                        at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, what, ": inverse DFT failed: ", cudaGetErrorString(err));
+}
+
+// The plane products of the forward as cuBLAS GEMMs, then the inverse DFT: f (M, 4c) holds the input's
+// Fourier column blocks [f0 | f2 | fR | fI] (unscaled; f's dtype is the GEMMs' operand type),
+// planes (4, d, c). Three GEMMs with FP32 output into the column blocks [a0 | a2 | aR | aI] of one
+// (M, 4d) FP32 buffer, the complex pair as one GEMM with K = 2c: [aR | aI] = [fR | fI]
+// [[PR, -PI], [PI, PR]]^T; then y (M, 4d) = inverse DFT + bias, rounded once to y's dtype.
+void fourier_products_into(const at::Tensor& f, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
+                           const char* what) {
+  const int64_t M = f.size(0), d = planes.size(1), c = planes.size(2);
+  at::Tensor a = at::empty({M, 4 * d}, f.options().dtype(at::kFloat));
+  const bool fp32 = f.scalar_type() == at::kFloat;
+  const auto mm = [&](int64_t col, int64_t n, int64_t fcol, int64_t k, const at::Tensor& w) {
+    at::Tensor out = a.narrow(1, col, n);
+    if (fp32)
+      at::mm_out(out, f.narrow(1, fcol, k), w.t());
+    else  // 16-bit operands, FP32 products: one rounding, in the inverse DFT
+      at::mm_out(out, f.narrow(1, fcol, k), w.t(), at::kFloat);
+  };
+  mm(0, d, 0, c, planes.select(0, 0));
+  mm(d, d, c, c, planes.select(0, 3));
+  mm(2 * d, 2 * d, 2 * c, 2 * c, complex_block(planes));
+  inverse_dft_into(a, bias, y, what);
+}
+
+// Group DFT of t (M, 4n) (contiguous, aligned to 4 elements) into Fourier planes, layouts in
+// eq_group_dft.h: column blocks (M, P n) with `blocks`, else planes (P, M, n); P = 5 for input (x),
+// 4 otherwise. With sum, also the FP32 column sums (n,) of the unrounded f0 over the rows, reduced in
+// a fixed order; else an empty (0,). `what` names the caller in errors.
+std::tuple<at::Tensor, at::Tensor> group_dft(const at::Tensor& t, bool input, bool blocks, bool sum,
+                                             const char* what) {
+  const int64_t M = t.size(0), n = t.size(1) / 4, P = input ? 5 : 4;
+  at::Tensor out = blocks ? at::empty({M, P * n}, t.options()) : at::empty({P, M, n}, t.options());
+  const auto f32 = t.options().dtype(at::kFloat);
+  if (M == 0) return {out, sum ? at::zeros({n}, f32) : at::empty({0}, f32)};
+  GroupDftParams p{t.data_ptr(), out.data_ptr(), M, n, input, blocks};
+  const int elem = static_cast<int>(t.element_size());
+  at::Tensor sums;
+  if (sum) {
+    p.sum_chunks = eq_group_dft_sum_chunks(p, elem);
+    TORCH_CHECK(p.sum_chunks > 0, what, ": device query failed");
+    sums = at::empty({p.sum_chunks, n}, f32);
+    p.sums = sums.data_ptr<float>();
+  }
+  const cudaError_t err = eq_group_dft(p, elem, t.scalar_type() == at::kBFloat16, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, what, ": group DFT failed (M=", num(M), ", n=", num(n), "): ",
+              cudaGetErrorString(err));
+  return {out, sum ? sums.sum(0) : at::empty({0}, f32)};
 }
 
 // FP32 forward on tensor cores when PyTorch allows TF32 for matmuls (the switch F.linear follows) and
 // the fused Hopper kernel does not apply (other GPUs, FLASH_EQLINEAR_SM90=0, shapes) or is slower
 // (large layers): the group DFT of x into column blocks [f0 | f2 | fR | fI] of one (M, 4c) buffer,
-// three TF32 GEMMs (cuBLAS) into the column blocks [a0 | a2 | aR | aI] of one (M, 4d) buffer, the
-// complex pair as one GEMM with K = 2c: [aR | aI] = [fR | fI] [[PR, -PI], [PI, PR]]^T; then the
-// inverse DFT + bias pass.
+// then fourier_products_into (three TF32 GEMMs and the inverse DFT + bias pass).
 // Two extra passes over x-sized and y-sized FP32 buffers (a workspace of 4 M (c + d) floats) buy
 // cuBLAS's TF32 rate for the 6/16 of the dense MACs.
 void eq_linear_fwd_tf32(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y) {
-  const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const at::Tensor xs = aligned16(x);
-  at::Tensor xf = at::empty({M, 4 * c}, x.options());
-  GroupDftParams dp{xs.data_ptr(), xf.data_ptr(), M, c, false, true};
-  cudaError_t err = eq_group_dft(dp, 4, false, stream);
-  TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd (tf32): group DFT failed: ", cudaGetErrorString(err));
-  at::Tensor a = at::empty({M, 4 * d}, x.options());
-  const auto mm = [&](int64_t col, int64_t n, int64_t fcol, int64_t k, const at::Tensor& w) {
-    at::Tensor out = a.narrow(1, col, n);
-    at::mm_out(out, xf.narrow(1, fcol, k), w.t());
-  };
-  mm(0, d, 0, c, planes.select(0, 0));
-  mm(d, d, c, c, planes.select(0, 3));
-  mm(2 * d, 2 * d, 2 * c, 2 * c, complex_block(planes));
-  inverse_dft_into(a, bias, y, "tf32");
+  const at::Tensor xf = std::get<0>(group_dft(aligned16(x), false, true, false, "eq_linear_fwd (tf32)"));
+  fourier_products_into(xf, planes, bias, y, "eq_linear_fwd (tf32)");
 }
 
 // Opt-in split-precision FP32 (FLASH_EQLINEAR_FP32=3xtf32): x's Fourier planes and the weight planes
@@ -145,7 +177,7 @@ void eq_linear_fwd_3xtf32(const at::Tensor& x, const at::Tensor& planes, const a
     product(d, d, 2 * c, c, hi.select(0, 3), lo.select(0, 3));
     product(2 * d, 2 * d, 4 * c, 2 * c, complex_block(hi), complex_block(lo));
   }
-  inverse_dft_into(a, bias, y, "3xtf32");
+  inverse_dft_into(a, bias, y, "eq_linear_fwd (3xtf32)");
 }
 
 // x (M, 4c), planes (4, d, c), bias (d,) or None -> y (M, 4d); all one dtype, on one CUDA device.
@@ -279,30 +311,45 @@ std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool inp
   const at::cuda::CUDAGuard guard(t.device());
   at::Tensor src = t.contiguous();
   if (reinterpret_cast<uintptr_t>(src.data_ptr()) % (4 * src.element_size()) != 0) src = src.clone();
-  const int64_t M = t.size(0), n = t.size(1) / 4;
-  at::Tensor out = at::empty({input ? 5 : 4, M, n}, t.options());
-  const auto f32 = t.options().dtype(at::kFloat);
-  if (M == 0) return {out, sum ? at::zeros({n}, f32) : at::empty({0}, f32)};
-  GroupDftParams p{src.data_ptr(), out.data_ptr(), M, n, input};
-  const int elem = static_cast<int>(t.element_size());
-  at::Tensor sums;
-  if (sum) {
-    p.sum_chunks = eq_group_dft_sum_chunks(p, elem);
-    TORCH_CHECK(p.sum_chunks > 0, "eq_group_dft: device query failed");
-    sums = at::empty({p.sum_chunks, n}, f32);
-    p.sums = sums.data_ptr<float>();
-  }
-  const cudaError_t err = eq_group_dft(p, elem, dtype == at::kBFloat16, at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "eq_group_dft: kernel launch failed (M=", num(M), ", n=", num(n), "): ",
-              cudaGetErrorString(err));
-  return {out, sum ? sums.sum(0) : at::empty({0}, f32)};
+  return group_dft(src, input, false, sum, "eq_group_dft");
+}
+
+// How the backward computes grad_x for fp16 / bf16 when the weight gradient takes the GEMM form:
+// FLASH_EQLINEAR_GRAD_X=fused (the forward kernels on the adjoint planes), =gemm (grad_y's Fourier
+// planes, which the weight gradient needs anyway, times the adjoint planes in cuBLAS GEMMs, then the
+// inverse DFT), or auto (default): the Hopper kernel where it runs, else the GEMM form, which beats
+// the portable mma.sync kernel there (H100 timings in benchmarks/README.md).
+enum class GradXForm { kAuto, kFused, kGemm };
+GradXForm grad_x_form() {
+  const char* v = std::getenv("FLASH_EQLINEAR_GRAD_X");
+  if (v != nullptr && std::strcmp(v, "fused") == 0) return GradXForm::kFused;
+  if (v != nullptr && std::strcmp(v, "gemm") == 0) return GradXForm::kGemm;
+  return GradXForm::kAuto;
+}
+
+// grad_x by the sm_90a forward kernel on the adjoint planes, if it runs for these tensors (16-bit).
+bool grad_x_sm90(const at::Tensor& gy, const at::Tensor& adj, at::Tensor& gx) {
+  const int64_t M = gy.size(0), c = adj.size(1), d = adj.size(2);
+  gx = at::empty({M, 4 * c}, gy.options());
+  if (M == 0) return true;
+  FwdParams p{gy.data_ptr(), adj.data_ptr(), nullptr, gx.data_ptr(), M, d, c};
+  bool launched = false;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cudaError_t err = gy.scalar_type() == at::kHalf ? eq_linear_fwd_sm90_fp16(p, stream, &launched)
+                                                        : eq_linear_fwd_sm90_bf16(p, stream, &launched);
+  TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: grad_x kernel launch failed (M=", num(M), ", c=", num(c),
+              ", d=", num(d), "): ", cudaGetErrorString(err));
+  return launched;
 }
 
 // The whole backward in one op (one host call instead of a dozen Python-dispatched ones):
 // grad_y (M, 4d), x (M, 4c), planes (4, d, c) -> (grad_x (M, 4c), grad_planes (4, d, c), grad_bias (d,)),
 // each an empty (0,) tensor when not needed. grad_x: the forward kernel on the adjoint planes
-// (transposed, PI negated). Weight: gemm = false: the fused kernel; gemm = true: both group DFTs
-// (grad_bias from grad_y's) and four GEMMs into the output planes (layouts in eq_group_dft.h).
+// (transposed, PI negated), or for fp16 / bf16 with gemm the GEMM form (grad_x_form). Weight:
+// gemm = false: the fused kernel; gemm = true: both group DFTs into column blocks (grad_bias from
+// grad_y's column sums) and three GEMMs (layouts in eq_group_dft.h).
+// Workspace of the GEMM form: grad_y's planes (M, 4d) and x's (M, 5c) in their dtype, and for the
+// GEMM-form grad_x an (M, 4c) FP32 buffer of plane products.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& grad_y, const at::Tensor& x,
                                                              const at::Tensor& planes, bool needs_x, bool needs_p,
                                                              bool needs_b, bool gemm) {
@@ -322,33 +369,53 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& g
   const at::cuda::CUDAGuard guard(grad_y.device());
   const at::Tensor gy = grad_y.contiguous();
   const auto none = [&] { return at::empty({0}, gy.options()); };
-  at::Tensor gx = none(), gp = none(), gb = none();
+  at::Tensor gx = none(), gp = none(), gb = none(), adj;
+  bool gx_gemm = false;  // grad_x from grad_y's planes, below
   if (needs_x) {
     // A copy, always: for c = 1 or d = 1 the transpose is already contiguous, and .contiguous()
     // would return a view whose negation changed the caller's planes.
-    at::Tensor adj = planes.transpose(1, 2).clone(at::MemoryFormat::Contiguous);
+    adj = planes.transpose(1, 2).clone(at::MemoryFormat::Contiguous);
     adj.select(0, 2).neg_();
-    gx = eq_linear_fwd(gy, adj, std::nullopt);
+    const GradXForm form = grad_x_form();
+    if (gemm && gy.scalar_type() != at::kFloat && form != GradXForm::kFused) {
+      check_device_supported(gy);
+      gx_gemm = form == GradXForm::kGemm || !grad_x_sm90(gy, adj, gx);
+    } else {
+      gx = eq_linear_fwd(gy, adj, std::nullopt);
+    }
   }
-  if (!needs_p && !needs_b) return {gx, gp, gb};
+  if (!needs_p && !needs_b && !gx_gemm) return {gx, gp, gb};
   if (!gemm) {
     auto [p, b] = eq_linear_bwd_weight(x, gy);
     return {gx, needs_p ? p : gp, needs_b ? b : gb};
   }
   const int64_t M = x.size(0);
-  if (!needs_p) return {gx, gp, gy.sum(0, false, at::kFloat).view({d, 4}).sum(1).to(gy.scalar_type())};
-  const at::Tensor xf = std::get<0>(eq_group_dft_op(x, true, false));  // f0/2, f2/2, -fI/r2, fR/r2, fI/r2
-  const auto [gf, sums] = eq_group_dft_op(gy, false, needs_b);              // g0, g2, gR, gI
-  gp = at::empty({4, d, c}, gy.options());
-  const auto mm = [&](int64_t plane, const at::Tensor& a, const at::Tensor& b) {
-    at::Tensor out = gp.select(0, plane);
-    at::mm_out(out, a, b);
-  };
-  const at::Tensor g_ri = gf.narrow(0, 2, 2).reshape({2 * M, d}).t();  // [gR; gI]^T
-  mm(0, gf.select(0, 0).t(), xf.select(0, 0));
-  mm(1, g_ri, xf.narrow(0, 3, 2).reshape({2 * M, c}));  // PR: gR fR + gI fI
-  mm(2, g_ri, xf.narrow(0, 2, 2).reshape({2 * M, c}));  // PI: gI fR - gR fI
-  mm(3, gf.select(0, 1).t(), xf.select(0, 1));
+  if (!needs_p && !gx_gemm) return {gx, gp, gy.sum(0, false, at::kFloat).view({d, 4}).sum(1).to(gy.scalar_type())};
+  check_device_supported(gy);
+  const auto [gf, sums] = group_dft(aligned16(gy), false, true, needs_b, "eq_linear_bwd");  // [g0 | g2 | gR | gI]
+  if (gx_gemm) {
+    gx = at::empty({M, 4 * c}, gy.options());
+    if (M > 0) fourier_products_into(gf, adj, at::Tensor(), gx, "eq_linear_bwd (grad_x)");
+  }
+  if (needs_p) {
+    // [f0/2 | f2/2 | -fI/r2 | fR/r2 | fI/r2]
+    const at::Tensor xf = std::get<0>(group_dft(aligned16(x.contiguous()), true, true, false, "eq_linear_bwd"));
+    gp = at::empty({4, d, c}, gy.options());
+    const auto mm = [&](int64_t plane, int64_t gcol, int64_t xcol) {
+      at::Tensor out = gp.select(0, plane);
+      at::mm_out(out, gf.narrow(1, gcol, d).t(), xf.narrow(1, xcol, c));
+    };
+    mm(0, 0, 0);      // g0^T f0 / 2
+    mm(3, d, c);      // g2^T f2 / 2
+    // The complex pair in one FP32 product, q = [gR | gI]^T [fR | fI] / r2 = [[gR^T fR, gR^T fI],
+    // [gI^T fR, gI^T fI]] / r2: PR = gR^T fR + gI^T fI, PI = gI^T fR - gR^T fI (one rounding each).
+    const at::Tensor gri = gf.narrow(1, 2 * d, 2 * d).t(), fri = xf.narrow(1, 3 * c, 2 * c);
+    const at::Tensor q = gy.scalar_type() == at::kFloat ? at::mm(gri, fri) : at::mm(gri, fri, at::kFloat);
+    const auto blk = [&](int64_t i, int64_t j) { return q.narrow(0, i * d, d).narrow(1, j * c, c); };
+    at::Tensor pr = gp.select(0, 1), pi = gp.select(0, 2);
+    at::add_out(pr, blk(0, 0), blk(1, 1));
+    at::sub_out(pi, blk(1, 0), blk(0, 1));
+  }
   return {gx, gp, needs_b ? sums.to(gy.scalar_type()) : gb};
 }
 

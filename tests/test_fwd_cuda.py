@@ -440,6 +440,51 @@ def test_gradients_against_fp64(which, M, c, d, dtype, mode, monkeypatch):
     assert got.dtype == dtype and err <= tol, (err, tol)
 
 
+@pytest.mark.parametrize("form", ["fused", "gemm"])
+@pytest.mark.parametrize("sm90", [True, False], ids=["sm90", "portable"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("M, c, d", [(257, 59, 48), (7, 3, 59), (4097, 64, 200), (1000, 256, 512), (0, 8, 8)])
+def test_grad_x_forms(M, c, d, dtype, sm90, form, monkeypatch):
+    # With the GEMM-form weight gradient, fp16 / bf16 grad_x comes from a fused kernel (the Hopper one
+    # where it runs) or from grad_y's Fourier planes through cuBLAS GEMMs with FP32 products and the
+    # inverse-DFT pass (FLASH_EQLINEAR_GRAD_X=gemm; by default wherever the Hopper kernel does not
+    # run). All three gradients within 2x F.linear's error against float64; the profiler shows
+    # which grad_x ran.
+    from flash_eqlinear import ops
+
+    monkeypatch.setattr(ops, "WEIGHT_GRAD", "gemm")
+    monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1" if sm90 else "0")
+    monkeypatch.setenv("FLASH_EQLINEAR_GRAD_X", form)
+    x, planes, b = make(M, c, d, dtype, seed=M + c + d)
+    g = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
+    leaves = [t.detach().clone().requires_grad_() for t in (x, planes, b)]
+
+    def backward():
+        for t in leaves:
+            t.grad = None
+        fe.flash_eq_linear(*leaves).backward(g)
+
+    names = launched_kernels(backward)
+    if M > 0:
+        assert any("group_idft" in n for n in names) == (form == "gemm"), names
+    x64, p64, b64 = [t.detach().double().requires_grad_() for t in (x, planes, b)]
+    reference.naive_eq_linear(x64, fe.planes_to_naive(p64), b64, 4).backward(g.double())
+    W = reference.dense_weight(fe.planes_to_naive(planes.double()))
+    lin = [t.detach().clone().requires_grad_() for t in (x, W.to(dtype), b.repeat_interleave(4))]
+    lin64 = [t.detach().double().requires_grad_() for t in lin[:1]] + [W.requires_grad_()] + [
+        b.double().repeat_interleave(4).requires_grad_()
+    ]
+    F.linear(*lin).backward(g)
+    F.linear(*lin64).backward(g.double())
+    wants = (x64.grad, p64.grad, b64.grad)
+    for k, (got, want) in enumerate(zip([t.grad for t in leaves], wants, strict=True)):
+        if M == 0:
+            assert got.shape == want.shape and not got.abs().sum(), k
+            continue
+        tol = 2 * max(rel_l2(lin[k].grad, lin64[k].grad), ROUNDOFF[dtype] / 8)
+        assert got.dtype == dtype and rel_l2(got, want) <= tol, (k, rel_l2(got, want), tol)
+
+
 @pytest.fixture
 def allow_tf32():
     prev = torch.backends.cuda.matmul.allow_tf32
