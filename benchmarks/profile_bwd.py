@@ -3,11 +3,12 @@
 python benchmarks/profile_bwd.py [--dtypes fp16,bf16] [--cs 512,1024,2048] [--rows 32768] [--cpu]
 
 Per (dtype, c), C = D = 4c, milliseconds: F.linear's forward and its two backward GEMMs, our
-grad_x (the forward kernel on the adjoint planes; gx_port: without the Hopper kernels), the fused
-weight-gradient kernel, the GEMM form's parts (both group DFTs, the plane GEMMs), the whole weight
-gradient per mode and the whole backward op (bwd_port: without the Hopper kernels); and, without
-graphs, the eager autograd backward of F.linear and of the layer (lin_bwd_eager, bwd_eager: EAGER_CALLS
-calls back to back per sample; the _1 columns: one isolated call per sample, its host latency included).
+grad_x (the forward kernel on the adjoint planes; gx_port: without the Hopper kernels; gx_gemm: from
+grad_y's Fourier planes, its group DFT included), the fused weight-gradient kernel, the GEMM form's
+parts (both group DFTs, the plane GEMMs), the whole weight gradient per mode and the whole backward
+op (bwd_port: without the Hopper kernels); and, without graphs, the eager autograd backward of
+F.linear and of the layer (lin_bwd_eager, bwd_eager: EAGER_CALLS calls back to back per sample; the
+_1 columns: one isolated call per sample, its host latency included).
 --cpu: the host (Python + dispatch) microseconds per call of the eager backward and its parts.
 """
 
@@ -23,12 +24,18 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_op import EAGER_CALLS, graphed, portable  # noqa: E402
-from common import bench  # noqa: E402
+from common import bench, env_switch  # noqa: E402
 
 import flash_eqlinear as fe  # noqa: E402
 from flash_eqlinear import reference  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def gemm_grad_x(op, *args):
+    """op(*args) with fp16 / bf16 grad_x taken from grad_y's Fourier planes (FLASH_EQLINEAR_GRAD_X=gemm)."""
+    with env_switch("FLASH_EQLINEAR_GRAD_X", "gemm"):
+        return op(*args)
 
 
 def timed(fn, *args) -> float:
@@ -48,15 +55,15 @@ def case(dt, M: int, c: int) -> dict:
     gf = eqf.eq_group_dft(gy, False, True)[0]
 
     all_grads = (True, True, True, True)  # needs_x, needs_p, needs_b, gemm
+    grad_x_only = (True, False, False, True)
+
+    # The weight gradient's GEMMs as the op runs them (planes as column blocks; the complex pair as
+    # one product with FP32 output, then two small adds).
+    g_ri, x_ri = gf[2:4].permute(1, 0, 2).reshape(M, 2 * c), xf[2:4].permute(1, 0, 2).reshape(M, 2 * c)
 
     def gemms():
-        g_ri = gf[2:4].reshape(2 * M, c).t()
-        return (
-            gf[0].t() @ xf[0],
-            g_ri @ xf[3:5].reshape(2 * M, c),
-            g_ri @ xf[2:4].reshape(2 * M, c),
-            gf[1].t() @ xf[1],
-        )
+        q = torch.mm(g_ri.t(), x_ri, out_dtype=torch.float32)
+        return gf[0].t() @ xf[0], gf[1].t() @ xf[1], q[:c, :c] + q[c:, c:], q[c:, :c] - q[:c, c:]
 
     # The eager autograd backward of the layer and of F.linear (no graphs: what bench_op.py times),
     # next to the graphed parts above, shows what the eager path adds.
@@ -80,6 +87,8 @@ def case(dt, M: int, c: int) -> dict:
         "lin_bwd": timed(lambda g, x: (g @ W, g.t() @ x, g.sum(0)), gy, x),
         "gx": timed(lambda g: eqf.eq_linear_fwd(g, adj, None), gy),
         "gx_port": timed(lambda g: portable(eqf.eq_linear_fwd, g, adj, None), gy),
+        # grad_x from grad_y's planes (its group DFT included), as the portable GEMM-form backward
+        "gx_gemm": timed(lambda g: gemm_grad_x(eqf.eq_linear_bwd, g, x, planes, *grad_x_only), gy),
         "gw_fused": timed(eqf.eq_linear_bwd_weight, x, gy),
         "gw_gemm": timed(lambda x, g: eqf.eq_linear_bwd(g, x, planes, False, True, True, True), x, gy),
         "dft_x": timed(lambda x: eqf.eq_group_dft(x, True, False), x),

@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(256) group_dft_kernel(const T* __restrict__ sr
                                                         int64_t M, int64_t gpr, int W, int64_t rows_per_chunk,
                                                         bool blocks, float* __restrict__ sums) {
   constexpr float kH = 0.70710678118654752f;
-  constexpr int kPlanes = kInput ? 5 : 4, kU = kRowsInFlight;
+  constexpr int kPlanes = 4, kU = kRowsInFlight;
   constexpr int kW = kC * int(sizeof(T));  // 32-bit words of one thread's kC quads (4 elements each)
   const int R = 256 / W, lane = threadIdx.x % W, row_off = threadIdx.x / W;
   const int64_t cg = int64_t(blockIdx.x) * W + lane;
@@ -109,12 +109,11 @@ __global__ void __launch_bounds__(256) group_dft_kernel(const T* __restrict__ sr
         dft4<false>(word_elem<T>(w[u], 4 * j), word_elem<T>(w[u], 4 * j + 1), word_elem<T>(w[u], 4 * j + 2),
                     word_elem<T>(w[u], 4 * j + 3), f0, fr, fi, f2);
         acc[j] += f0;
-        if constexpr (kInput) {  // [f0/2, f2/2, -fI/sqrt2, fR/sqrt2, fI/sqrt2]
+        if constexpr (kInput) {  // [f0/2, f2/2, fR/sqrt2, fI/sqrt2]
           out[0][j] = elem_bits<T>(0.5f * f0);
           out[1][j] = elem_bits<T>(0.5f * f2);
-          out[2][j] = elem_bits<T>(-kH * fi);
-          out[3][j] = elem_bits<T>(kH * fr);
-          out[4][j] = elem_bits<T>(kH * fi);
+          out[2][j] = elem_bits<T>(kH * fr);
+          out[3][j] = elem_bits<T>(kH * fi);
         } else {  // [g0, g2, gR, gI]
           out[0][j] = elem_bits<T>(f0);
           out[1][j] = elem_bits<T>(f2);

@@ -5,14 +5,10 @@
 //
 //   src (M, n, 4)  interleaved, contiguous, aligned to 4 elements; f0 = x0+x1+x2+x3,
 //                  fR = x0-x2, fI = x3-x1, f2 = x0-x1+x2-x3 per (row, channel).
-//   dst            contiguous planes, each (M, n) (or, with `blocks`, one (M, P n) matrix whose row m
-//                  holds the P planes' rows side by side):
-//     input = true:  5 planes [f0/2, f2/2, -fI/sqrt2, fR/sqrt2, fI/sqrt2]  (x: the weight-gradient
-//                    scales folded in, and both (fR, fI) and (-fI, fR) adjacent, so that
-//                    grad_PR = [gR; gI]^T [fR; fI] and grad_PI = [gR; gI]^T [-fI; fR] are each one
-//                    GEMM over 2M rows)
-//     input = false: 4 planes [g0, g2, gR, gI]  (grad_y, unscaled: small fp16 gradients keep
-//                    their precision)
+//   dst            contiguous planes, each (M, n) (or, with `blocks`, one (M, 4n) matrix whose row m
+//                  holds the 4 planes' rows side by side):
+//     input = true:  [f0/2, f2/2, fR/sqrt2, fI/sqrt2]  (x: the weight-gradient scales folded in)
+//     input = false: [g0, g2, gR, gI]  (grad_y, unscaled: small fp16 gradients keep their precision)
 // FP32 arithmetic, one rounding per stored value. Element type float, __half or __nv_bfloat16.
 #pragma once
 
@@ -26,8 +22,8 @@ struct GroupDftParams {
   void* dst;
   int64_t M;               // rows (>= 0)
   int64_t n;               // channels (>= 1)
-  bool input;              // true: the 5-plane x layout; false: the 4-plane grad_y layout
-  bool blocks = false;     // false: planes (P, M, n); true: column blocks (M, P n), row m = [plane 0 | ...]
+  bool input;              // true: the x layout (scaled); false: the grad_y layout
+  bool blocks = false;     // false: planes (4, M, n); true: column blocks (M, 4n), row m = [plane 0 | ...]
   float* sums = nullptr;   // optional (sum_chunks, n) FP32: row-chunk partial column sums of f0 (the
                            // unrounded x0+x1+x2+x3; for grad_y: grad_bias = sums summed over chunks)
   int64_t sum_chunks = 0;  // rows of `sums`: eq_group_dft_sum_chunks(p, elem_bytes), first rows written

@@ -85,13 +85,12 @@ void fourier_products_into(const at::Tensor& f, const at::Tensor& planes, const 
 }
 
 // Group DFT of t (M, 4n) (contiguous, aligned to 4 elements) into Fourier planes, layouts in
-// eq_group_dft.h: column blocks (M, P n) with `blocks`, else planes (P, M, n); P = 5 for input (x),
-// 4 otherwise. With sum, also the FP32 column sums (n,) of the unrounded f0 over the rows, reduced in
+// eq_group_dft.h: column blocks (M, 4n) with `blocks`, else planes (4, M, n). With sum, also the FP32 column sums (n,) of the unrounded f0 over the rows, reduced in
 // a fixed order; else an empty (0,). `what` names the caller in errors.
 std::tuple<at::Tensor, at::Tensor> group_dft(const at::Tensor& t, bool input, bool blocks, bool sum,
                                              const char* what) {
-  const int64_t M = t.size(0), n = t.size(1) / 4, P = input ? 5 : 4;
-  at::Tensor out = blocks ? at::empty({M, P * n}, t.options()) : at::empty({P, M, n}, t.options());
+  const int64_t M = t.size(0), n = t.size(1) / 4;
+  at::Tensor out = blocks ? at::empty({M, 4 * n}, t.options()) : at::empty({4, M, n}, t.options());
   const auto f32 = t.options().dtype(at::kFloat);
   if (M == 0) return {out, sum ? at::zeros({n}, f32) : at::empty({0}, f32)};
   GroupDftParams p{t.data_ptr(), out.data_ptr(), M, n, input, blocks};
@@ -298,9 +297,9 @@ std::tuple<at::Tensor, at::Tensor> eq_linear_bwd_weight(const at::Tensor& x, con
   return {grad_planes, grad_bias};
 }
 
-// Group DFT into Fourier planes: t (M, 4n) -> (5, M, n) for input=True (x), (4, M, n) otherwise
-// (grad_y); layouts and scales in eq_group_dft.h. With sum, also the FP32 column sums (n,) of
-// x0+x1+x2+x3 over the rows (for grad_y: grad_bias), reduced in a fixed order; else an empty (0,).
+// Group DFT into Fourier planes: t (M, 4n) -> (4, M, n) in the x (input=True) or grad_y layout of
+// eq_group_dft.h. With sum, also the FP32 column sums (n,) of x0+x1+x2+x3 over the rows (for grad_y:
+// grad_bias), reduced in a fixed order; else an empty (0,).
 std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool input, bool sum) {
   TORCH_CHECK(t.is_cuda(), "eq_group_dft: expected a CUDA tensor, got one on ", t.device().str());
   TORCH_CHECK(t.dim() == 2 && t.size(1) % 4 == 0 && t.size(1) > 0,
@@ -348,7 +347,7 @@ bool grad_x_sm90(const at::Tensor& gy, const at::Tensor& adj, at::Tensor& gx) {
 // (transposed, PI negated), or for fp16 / bf16 with gemm the GEMM form (grad_x_form). Weight:
 // gemm = false: the fused kernel; gemm = true: both group DFTs into column blocks (grad_bias from
 // grad_y's column sums) and three GEMMs (layouts in eq_group_dft.h).
-// Workspace of the GEMM form: grad_y's planes (M, 4d) and x's (M, 5c) in their dtype, and for the
+// Workspace of the GEMM form: grad_y's planes (M, 4d) and x's (M, 4c) in their dtype, and for the
 // GEMM-form grad_x an (M, 4c) FP32 buffer of plane products.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& grad_y, const at::Tensor& x,
                                                              const at::Tensor& planes, bool needs_x, bool needs_p,
@@ -398,7 +397,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& g
     if (M > 0) fourier_products_into(gf, adj, at::Tensor(), gx, "eq_linear_bwd (grad_x)");
   }
   if (needs_p) {
-    // [f0/2 | f2/2 | -fI/r2 | fR/r2 | fI/r2]
+    // [f0/2 | f2/2 | fR/r2 | fI/r2]
     const at::Tensor xf = std::get<0>(group_dft(aligned16(x.contiguous()), true, true, false, "eq_linear_bwd"));
     gp = at::empty({4, d, c}, gy.options());
     const auto mm = [&](int64_t plane, int64_t gcol, int64_t xcol) {
@@ -409,7 +408,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& g
     mm(3, d, c);      // g2^T f2 / 2
     // The complex pair in one FP32 product, q = [gR | gI]^T [fR | fI] / r2 = [[gR^T fR, gR^T fI],
     // [gI^T fR, gI^T fI]] / r2: PR = gR^T fR + gI^T fI, PI = gI^T fR - gR^T fI (one rounding each).
-    const at::Tensor gri = gf.narrow(1, 2 * d, 2 * d).t(), fri = xf.narrow(1, 3 * c, 2 * c);
+    const at::Tensor gri = gf.narrow(1, 2 * d, 2 * d).t(), fri = xf.narrow(1, 2 * c, 2 * c);
     const at::Tensor q = gy.scalar_type() == at::kFloat ? at::mm(gri, fri) : at::mm(gri, fri, at::kFloat);
     const auto blk = [&](int64_t i, int64_t j) { return q.narrow(0, i * d, d).narrow(1, j * c, c); };
     at::Tensor pr = gp.select(0, 1), pi = gp.select(0, 2);

@@ -39,7 +39,7 @@ if BACKEND not in _BACKENDS:
 # How grad_planes / grad_bias are computed on the CUDA path (FLASH_EQLINEAR_WEIGHT_GRAD):
 #   "auto"      by size: "fused" for small layers, "gemm" for large ones (H100 timings)
 #   "fused"     the fused weight-gradient kernels (no workspace)
-#   "gemm"      one group-DFT pass per operand into Fourier planes (a workspace of 1.25x x and 1x
+#   "gemm"      one group-DFT pass per operand into Fourier planes (a workspace of 1x x and 1x
 #               grad_y), then three cuBLAS GEMMs (cuBLAS's tensor-core / FFMA peak on large layers);
 #               for fp16 / bf16 without the Hopper kernel, grad_x from grad_y's planes too (three
 #               GEMMs into an FP32 (M, 4c) buffer, then the inverse DFT; FLASH_EQLINEAR_GRAD_X)
@@ -141,7 +141,7 @@ if kernels_available():
         torch._check(t.dtype in _KERNEL_DTYPES, lambda: f"eq_group_dft: unsupported dtype {t.dtype}")
         n = t.shape[1] // 4
         sums = t.new_empty((n if sum else 0,), dtype=torch.float32)
-        return t.new_empty((5 if input else 4, t.shape[0], n)), sums
+        return t.new_empty((4, t.shape[0], n)), sums
 
     def weight_grad_mode(c: int, d: int, dtype: torch.dtype) -> str:
         """The weight-gradient method the CUDA backward uses for a layer with these sizes and dtype."""
