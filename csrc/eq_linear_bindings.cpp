@@ -61,26 +61,30 @@ void inverse_dft_into(const at::Tensor& a, const at::Tensor& bias, at::Tensor& y
   TORCH_CHECK(err == cudaSuccess, what, ": inverse DFT failed: ", cudaGetErrorString(err));
 }
 
-// The plane products of the forward as cuBLAS GEMMs, then the inverse DFT: f (M, 4c) holds the input's
+// The plane products of the forward as cuBLAS GEMMs, then the inverse DFT: f (M, 4k) holds the input's
 // Fourier column blocks [f0 | f2 | fR | fI] (unscaled; f's dtype is the GEMMs' operand type),
-// planes (4, d, c). Three GEMMs with FP32 output into the column blocks [a0 | a2 | aR | aI] of one
-// (M, 4d) FP32 buffer, the complex pair as one GEMM with K = 2c: [aR | aI] = [fR | fI]
-// [[PR, -PI], [PI, PR]]^T; then y (M, 4d) = inverse DFT + bias, rounded once to y's dtype.
+// planes (4, d, c) with (n, k) = (d, c); with `adjoint`, the products with the adjoint planes
+// (transposed, PI negated: grad_x, f from grad_y), (n, k) = (c, d), which need no copy: the adjoint's
+// GEMM operands are the planes themselves and complex_block(planes). Three GEMMs with FP32 output into
+// the column blocks [a0 | a2 | aR | aI] of one (M, 4n) FP32 buffer, the complex pair as one GEMM with
+// K = 2k: [aR | aI] = [fR | fI] [[PR, -PI], [PI, PR]]^T (adjoint: [fR | fI] [[PR, -PI], [PI, PR]]);
+// then y (M, 4n) = inverse DFT + bias, rounded once to y's dtype.
 void fourier_products_into(const at::Tensor& f, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
-                           const char* what) {
-  const int64_t M = f.size(0), d = planes.size(1), c = planes.size(2);
-  at::Tensor a = at::empty({M, 4 * d}, f.options().dtype(at::kFloat));
+                           const char* what, bool adjoint = false) {
+  const int64_t M = f.size(0), n = planes.size(adjoint ? 2 : 1), k = planes.size(adjoint ? 1 : 2);
+  at::Tensor a = at::empty({M, 4 * n}, f.options().dtype(at::kFloat));
   const bool fp32 = f.scalar_type() == at::kFloat;
-  const auto mm = [&](int64_t col, int64_t n, int64_t fcol, int64_t k, const at::Tensor& w) {
-    at::Tensor out = a.narrow(1, col, n);
+  const auto mm = [&](int64_t col, int64_t width, int64_t fcol, int64_t kk, const at::Tensor& w) {
+    at::Tensor out = a.narrow(1, col, width);
+    const at::Tensor b = adjoint ? w : w.t();
     if (fp32)
-      at::mm_out(out, f.narrow(1, fcol, k), w.t());
+      at::mm_out(out, f.narrow(1, fcol, kk), b);
     else  // 16-bit operands, FP32 products: one rounding, in the inverse DFT
-      at::mm_out(out, f.narrow(1, fcol, k), w.t(), at::kFloat);
+      at::mm_out(out, f.narrow(1, fcol, kk), b, at::kFloat);
   };
-  mm(0, d, 0, c, planes.select(0, 0));
-  mm(d, d, c, c, planes.select(0, 3));
-  mm(2 * d, 2 * d, 2 * c, 2 * c, complex_block(planes));
+  mm(0, n, 0, k, planes.select(0, 0));
+  mm(n, n, k, k, planes.select(0, 3));
+  mm(2 * n, 2 * n, 2 * k, 2 * k, complex_block(planes));
   inverse_dft_into(a, bias, y, what);
 }
 
@@ -316,8 +320,13 @@ std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool inp
 // How the backward computes grad_x for fp16 / bf16 when the weight gradient takes the GEMM form:
 // FLASH_EQLINEAR_GRAD_X=fused (the forward kernels on the adjoint planes), =gemm (grad_y's Fourier
 // planes, which the weight gradient needs anyway, times the adjoint planes in cuBLAS GEMMs, then the
-// inverse DFT), or auto (default): the Hopper kernel where it runs, else the GEMM form, which beats
-// the portable mma.sync kernel there (H100 timings in benchmarks/README.md).
+// inverse DFT), or auto (default): the GEMM form from kGemmGradXMinCD output weights per plane on, and
+// below that the Hopper kernel where it runs, else the GEMM form, which beats the portable mma.sync
+// kernel there. H100, M = 32768, c = d (benchmarks/README.md, v8): grad_x from grad_y's planes 0.37 ms
+// vs mma.sync 0.48 ms at c = 512, 3.14 vs 6.06 ms at c = 2048; the Hopper kernel 0.25 ms at c = 512,
+// 3.94 ms at c = 2048 (there the whole backward is 2-5% faster with the GEMM form; at c = 1024 the
+// Hopper kernel's backward is 7% faster).
+constexpr int64_t kGemmGradXMinCD = int64_t(1) << 22;
 enum class GradXForm { kAuto, kFused, kGemm };
 GradXForm grad_x_form() {
   const char* v = std::getenv("FLASH_EQLINEAR_GRAD_X");
@@ -368,19 +377,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& g
   const at::cuda::CUDAGuard guard(grad_y.device());
   const at::Tensor gy = grad_y.contiguous();
   const auto none = [&] { return at::empty({0}, gy.options()); };
-  at::Tensor gx = none(), gp = none(), gb = none(), adj;
+  at::Tensor gx = none(), gp = none(), gb = none();
   bool gx_gemm = false;  // grad_x from grad_y's planes, below
   if (needs_x) {
-    // A copy, always: for c = 1 or d = 1 the transpose is already contiguous, and .contiguous()
-    // would return a view whose negation changed the caller's planes.
-    adj = planes.transpose(1, 2).clone(at::MemoryFormat::Contiguous);
-    adj.select(0, 2).neg_();
     const GradXForm form = grad_x_form();
-    if (gemm && gy.scalar_type() != at::kFloat && form != GradXForm::kFused) {
-      check_device_supported(gy);
-      gx_gemm = form == GradXForm::kGemm || !grad_x_sm90(gy, adj, gx);
-    } else {
-      gx = eq_linear_fwd(gy, adj, std::nullopt);
+    const bool may_gemm = gemm && gy.scalar_type() != at::kFloat && form != GradXForm::kFused;
+    gx_gemm = may_gemm && (form == GradXForm::kGemm || c * d >= kGemmGradXMinCD);
+    if (!gx_gemm) {
+      // The adjoint planes: a copy, always: for c = 1 or d = 1 the transpose is already contiguous,
+      // and .contiguous() would return a view whose negation changed the caller's planes.
+      at::Tensor adj = planes.transpose(1, 2).clone(at::MemoryFormat::Contiguous);
+      adj.select(0, 2).neg_();
+      if (may_gemm) {
+        check_device_supported(gy);
+        gx_gemm = !grad_x_sm90(gy, adj, gx);
+      } else {
+        gx = eq_linear_fwd(gy, adj, std::nullopt);
+      }
     }
   }
   if (!needs_p && !needs_b && !gx_gemm) return {gx, gp, gb};
@@ -394,7 +407,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& g
   const auto [gf, sums] = group_dft(aligned16(gy), false, true, needs_b, "eq_linear_bwd");  // [g0 | g2 | gR | gI]
   if (gx_gemm) {
     gx = at::empty({M, 4 * c}, gy.options());
-    if (M > 0) fourier_products_into(gf, adj, at::Tensor(), gx, "eq_linear_bwd (grad_x)");
+    if (M > 0) fourier_products_into(gf, planes.contiguous(), at::Tensor(), gx, "eq_linear_bwd (grad_x)", true);
   }
   if (needs_p) {
     // [f0/2 | f2/2 | fR/r2 | fI/r2]
