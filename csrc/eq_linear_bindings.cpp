@@ -65,32 +65,37 @@ void inverse_dft_into(const at::Tensor& a, const at::Tensor& bias, at::Tensor& y
 // Fourier column blocks [f0 | f2 | fR | fI] (unscaled; f's dtype is the GEMMs' operand type),
 // planes (4, d, c) with (n, k) = (d, c); with `adjoint`, the products with the adjoint planes
 // (transposed, PI negated: grad_x, f from grad_y), (n, k) = (c, d), which need no copy: the adjoint's
-// GEMM operands are the planes themselves and complex_block(planes). Three GEMMs with FP32 output into
-// the column blocks [a0 | a2 | aR | aI] of one (M, 4n) FP32 buffer, the complex pair as one GEMM with
-// K = 2k: [aR | aI] = [fR | fI] [[PR, -PI], [PI, PR]]^T (adjoint: [fR | fI] [[PR, -PI], [PI, PR]]);
+// GEMM operands are the planes themselves and complex_block(planes). planes must be contiguous.
+// Two GEMM calls with FP32 output into the column blocks [a0 | a2 | aR | aI] of one (M, 4n) FP32
+// buffer: a0 and a2 batched, the complex pair as one GEMM with K = 2k: [aR | aI] = [fR | fI] [[PR, -PI], [PI, PR]]^T (adjoint: [fR | fI] [[PR, -PI], [PI, PR]]);
 // then y (M, 4n) = inverse DFT + bias, rounded once to y's dtype.
 void fourier_products_into(const at::Tensor& f, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
                            const char* what, bool adjoint = false) {
   const int64_t M = f.size(0), n = planes.size(adjoint ? 2 : 1), k = planes.size(adjoint ? 1 : 2);
   at::Tensor a = at::empty({M, 4 * n}, f.options().dtype(at::kFloat));
-  const bool fp32 = f.scalar_type() == at::kFloat;
-  const auto mm = [&](int64_t col, int64_t width, int64_t fcol, int64_t kk, const at::Tensor& w) {
-    at::Tensor out = a.narrow(1, col, width);
-    const at::Tensor b = adjoint ? w : w.t();
-    if (fp32)
-      at::mm_out(out, f.narrow(1, fcol, kk), b);
-    else  // 16-bit operands, FP32 products: one rounding, in the inverse DFT
-      at::mm_out(out, f.narrow(1, fcol, kk), b, at::kFloat);
-  };
-  mm(0, n, 0, k, planes.select(0, 0));
-  mm(n, n, k, k, planes.select(0, 3));
-  mm(2 * n, 2 * n, 2 * k, 2 * k, complex_block(planes));
+  const auto b = [&](const at::Tensor& w) { return adjoint ? w : w.transpose(-2, -1); };
+  // a0 and a2 as one strided-batched GEMM (one host call): [f0, f2] (batch stride k) times
+  // [P0, P2] (planes 0 and 3) into [a0, a2] (batch stride n).
+  at::Tensor a02 = a.as_strided({2, M, n}, {n, 4 * n, 1});
+  const at::Tensor f02 = f.as_strided({2, M, k}, {k, 4 * k, 1});
+  const at::Tensor p03 =
+      planes.as_strided({2, planes.size(1), planes.size(2)}, {3 * planes.stride(0), planes.stride(1), 1});
+  at::Tensor ari = a.narrow(1, 2 * n, 2 * n);
+  const at::Tensor fri = f.narrow(1, 2 * k, 2 * k), cb = b(complex_block(planes));
+  if (f.scalar_type() == at::kFloat) {
+    at::bmm_out(a02, f02, b(p03));
+    at::mm_out(ari, fri, cb);
+  } else {  // 16-bit operands, FP32 products: one rounding, in the inverse DFT
+    at::bmm_out(a02, f02, b(p03), at::kFloat);
+    at::mm_out(ari, fri, cb, at::kFloat);
+  }
   inverse_dft_into(a, bias, y, what);
 }
 
 // Group DFT of t (M, 4n) (contiguous, aligned to 4 elements) into Fourier planes, layouts in
-// eq_group_dft.h: column blocks (M, 4n) with `blocks`, else planes (4, M, n). With sum, also the FP32 column sums (n,) of the unrounded f0 over the rows, reduced in
-// a fixed order; else an empty (0,). `what` names the caller in errors.
+// eq_group_dft.h: column blocks (M, 4n) with `blocks`, else planes (4, M, n). With sum, also the
+// FP32 column sums (n,) of the unrounded f0 over the rows, reduced in a fixed order; else an empty
+// (0,). `what` names the caller in errors.
 std::tuple<at::Tensor, at::Tensor> group_dft(const at::Tensor& t, bool input, bool blocks, bool sum,
                                              const char* what) {
   const int64_t M = t.size(0), n = t.size(1) / 4;
@@ -382,7 +387,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& g
   if (needs_x) {
     const GradXForm form = grad_x_form();
     const bool may_gemm = gemm && gy.scalar_type() != at::kFloat && form != GradXForm::kFused;
-    gx_gemm = may_gemm && (form == GradXForm::kGemm || c * d >= kGemmGradXMinCD);
+    // (No Hopper kernel to try on other devices or with FLASH_EQLINEAR_SM90=0: no adjoint copy.)
+    gx_gemm = may_gemm && (form == GradXForm::kGemm || c * d >= kGemmGradXMinCD || !sm90_path_enabled() ||
+                           at::cuda::getDeviceProperties(gy.get_device())->major != 9);
     if (!gx_gemm) {
       // The adjoint planes: a copy, always: for c = 1 or d = 1 the transpose is already contiguous,
       // and .contiguous() would return a view whose negation changed the caller's planes.
@@ -413,12 +420,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& g
     // [f0/2 | f2/2 | fR/r2 | fI/r2]
     const at::Tensor xf = std::get<0>(group_dft(aligned16(x.contiguous()), true, true, false, "eq_linear_bwd"));
     gp = at::empty({4, d, c}, gy.options());
-    const auto mm = [&](int64_t plane, int64_t gcol, int64_t xcol) {
-      at::Tensor out = gp.select(0, plane);
-      at::mm_out(out, gf.narrow(1, gcol, d).t(), xf.narrow(1, xcol, c));
-    };
-    mm(0, 0, 0);      // g0^T f0 / 2
-    mm(3, d, c);      // g2^T f2 / 2
+    // P0 = g0^T f0 / 2 and P2 = g2^T f2 / 2 as one strided-batched GEMM into planes 0 and 3.
+    at::Tensor gp03 = gp.as_strided({2, d, c}, {3 * d * c, c, 1});
+    at::bmm_out(gp03, gf.as_strided({2, d, M}, {d, 1, 4 * d}), xf.as_strided({2, M, c}, {c, 4 * c, 1}));
     // The complex pair in one FP32 product, q = [gR | gI]^T [fR | fI] / r2 = [[gR^T fR, gR^T fI],
     // [gI^T fR, gI^T fI]] / r2: PR = gR^T fR + gI^T fI, PI = gI^T fR - gR^T fI (one rounding each).
     const at::Tensor gri = gf.narrow(1, 2 * d, 2 * d).t(), fri = xf.narrow(1, 2 * c, 2 * c);
