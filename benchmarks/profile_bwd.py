@@ -33,8 +33,8 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def gemm_grad_x(op, *args):
-    """op(*args) with fp16 / bf16 grad_x taken from grad_y's Fourier planes (FLASH_EQLINEAR_GRAD_X=gemm)."""
-    with env_switch("FLASH_EQLINEAR_GRAD_X", "gemm"):
+    """op(*args) with fp16 / bf16 grad_x taken from grad_y's Fourier planes (FLASH_EQLINEAR_PRODUCTS=gemm)."""
+    with env_switch("FLASH_EQLINEAR_PRODUCTS", "gemm"):
         return op(*args)
 
 

@@ -14,7 +14,8 @@ SHAPES = [(1, 1, 1), (7, 3, 59), (129, 59, 200), (300, 64, 64), (257, 200, 48), 
 SHAPES += [(17925, 16, 16)]  # more tiles than SMs: persistent blocks walk several
 SHAPES += [(257, 20, 31), (1000, 32, 32), (4097, 16, 8)]  # the narrow kernel's other tiles
 SHAPES += [(5000, 40, 200), (20000, 3, 200)]  # FP32 tiled: more tiles than blocks (one k tile for c = 3)
-DIRECTIONS = sys.argv[1:] or ["fwd", "bwd", "dft", "tiles"]  # which ops (dft: group DFT; tiles: FP32 tiles)
+# Which ops: fwd, bwd, dft (group DFT), tiles (FP32 tiles), gemm (the 16-bit GEMM forms).
+DIRECTIONS = sys.argv[1:] or ["fwd", "bwd", "dft", "tiles", "gemm"]
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -75,15 +76,20 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16) if "bwd" in DIRECTIO
         for got, ref in ((gp, rp), (gb, rb), (gb_dft, rb)):
             err = rel_err(got, ref)
             assert err < TOL[dtype], ("bwd_weight", dtype, M, c, d, err)
-# The whole GEMM-form backward with fp16 / bf16 grad_x from grad_y's planes (inverse-DFT pass into
-# 16-bit; pairs and single channels).
-for dtype in (torch.float16, torch.bfloat16) if "bwd" in DIRECTIONS else ():
+# The GEMM forms with fp16 / bf16 plane products (FLASH_EQLINEAR_PRODUCTS=gemm): the forward (halved
+# group DFT, inverse DFT + bias into 16-bit) and the whole backward with grad_x from grad_y's planes;
+# pairs and single channels.
+for dtype in (torch.float16, torch.bfloat16) if "gemm" in DIRECTIONS else ():
     for M, c, d in [(7, 3, 59), (129, 59, 200), (1000, 64, 48), (257, 200, 31)]:
         x = torch.randn(M, 4 * c, device="cuda", dtype=dtype)
         gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
         planes = (torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5).to(dtype)
-        with env_switch("FLASH_EQLINEAR_GRAD_X", "gemm"):
+        b = torch.randn(d, device="cuda", dtype=dtype)
+        with env_switch("FLASH_EQLINEAR_PRODUCTS", "gemm"), env_switch("FLASH_EQLINEAR_NARROW", "0"):
+            y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
             gx, gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd(gy, x, planes, True, True, True, True)
+        ref = reference.fourier_eq_linear(x.double(), planes.double(), b.double(), 4)
+        assert rel_err(y, ref) < TOL[dtype], ("fwd gemm", dtype, M, c, d)
         want = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double())
         for got, ref in zip((gx, gp, gb), want, strict=True):
             assert rel_err(got, ref) < TOL[dtype], ("bwd gemm", dtype, M, c, d)

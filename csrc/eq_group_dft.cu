@@ -80,7 +80,7 @@ constexpr int kRowsInFlight = 2;
 template <class T, int kC, bool kInput>
 __global__ void __launch_bounds__(256) group_dft_kernel(const T* __restrict__ src, T* __restrict__ dst,
                                                         int64_t M, int64_t gpr, int W, int64_t rows_per_chunk,
-                                                        bool blocks, float* __restrict__ sums) {
+                                                        bool blocks, bool halve, float* __restrict__ sums) {
   constexpr float kH = 0.70710678118654752f;
   constexpr int kPlanes = 4, kU = kRowsInFlight;
   constexpr int kW = kC * int(sizeof(T));  // 32-bit words of one thread's kC quads (4 elements each)
@@ -90,6 +90,7 @@ __global__ void __launch_bounds__(256) group_dft_kernel(const T* __restrict__ sr
   const int64_t n = gpr * kC;
   const int64_t plane = blocks ? n : M * n, row_stride = blocks ? kPlanes * n : n;
   const int64_t r_end = M < (int64_t(blockIdx.y) + 1) * rows_per_chunk ? M : (int64_t(blockIdx.y) + 1) * rows_per_chunk;
+  const float hs = halve ? 0.5f : 1.f;  // grad_y layout's scale (exact)
   float acc[kC] = {};
   for (int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk + row_off; active && r0 < r_end; r0 += kU * R) {
     uint32_t w[kU][kW];
@@ -115,10 +116,10 @@ __global__ void __launch_bounds__(256) group_dft_kernel(const T* __restrict__ sr
           out[2][j] = elem_bits<T>(kH * fr);
           out[3][j] = elem_bits<T>(kH * fi);
         } else {  // [g0, g2, gR, gI]
-          out[0][j] = elem_bits<T>(f0);
-          out[1][j] = elem_bits<T>(f2);
-          out[2][j] = elem_bits<T>(fr);
-          out[3][j] = elem_bits<T>(fi);
+          out[0][j] = elem_bits<T>(hs * f0);
+          out[1][j] = elem_bits<T>(hs * f2);
+          out[2][j] = elem_bits<T>(hs * fr);
+          out[3][j] = elem_bits<T>(hs * fi);
         }
       }
 #pragma unroll
@@ -181,10 +182,10 @@ void launch_kc(const GroupDftParams& p, const Grid& g, cudaStream_t stream) {
   const int64_t gpr = p.n / kC;
   if (p.input)
     group_dft_kernel<T, kC, true><<<grid, 256, 0, stream>>>(src, dst, p.M, gpr, g.W, g.rows_per_chunk, p.blocks,
-                                                            p.sums);
+                                                            p.halve, p.sums);
   else
     group_dft_kernel<T, kC, false><<<grid, 256, 0, stream>>>(src, dst, p.M, gpr, g.W, g.rows_per_chunk, p.blocks,
-                                                             p.sums);
+                                                             p.halve, p.sums);
 }
 
 template <class T>
@@ -220,6 +221,10 @@ __global__ void __launch_bounds__(256) group_idft_kernel(GroupIdftParams p, int6
   float b[kC];
 #pragma unroll
   for (int j = 0; j < kC; ++j) b[j] = bias != nullptr ? to_float(bias[o0 + j]) : 0.f;
+  const bool halved = p.halved;
+  const auto idft = [halved](float a0, float a2, float ar, float ai, float bo) {
+    return halved ? inverse_dft4_f32<true>(a0, a2, ar, ai, bo) : inverse_dft4_f32<false>(a0, a2, ar, ai, bo);
+  };
   const int64_t r_end = p.M < (int64_t(blockIdx.y) + 1) * rows_per_chunk ? p.M : (int64_t(blockIdx.y) + 1) * rows_per_chunk;
   for (int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk + row_off; r0 < r_end; r0 += kU * R) {
     float v[kU][4][kC];
@@ -247,12 +252,12 @@ __global__ void __launch_bounds__(256) group_idft_kernel(GroupIdftParams p, int6
       if constexpr (sizeof(T) == 4) {
 #pragma unroll
         for (int j = 0; j < kC; ++j)
-          reinterpret_cast<float4*>(dst)[j] = inverse_dft4_f32(v[u][0][j], v[u][1][j], v[u][2][j], v[u][3][j], b[j]);
+          reinterpret_cast<float4*>(dst)[j] = idft(v[u][0][j], v[u][1][j], v[u][2][j], v[u][3][j], b[j]);
       } else {
         uint32_t w[2 * kC];  // (y0, y1), (y2, y3) per channel
 #pragma unroll
         for (int j = 0; j < kC; ++j) {
-          const float4 q = inverse_dft4_f32(v[u][0][j], v[u][1][j], v[u][2][j], v[u][3][j], b[j]);
+          const float4 q = idft(v[u][0][j], v[u][1][j], v[u][2][j], v[u][3][j], b[j]);
           w[2 * j] = elem_bits<T>(q.x) | elem_bits<T>(q.y) << 16;
           w[2 * j + 1] = elem_bits<T>(q.z) | elem_bits<T>(q.w) << 16;
         }

@@ -8,7 +8,9 @@
 //   dst            contiguous planes, each (M, n) (or, with `blocks`, one (M, 4n) matrix whose row m
 //                  holds the 4 planes' rows side by side):
 //     input = true:  [f0/2, f2/2, fR/sqrt2, fI/sqrt2]  (x: the weight-gradient scales folded in)
-//     input = false: [g0, g2, gR, gI]  (grad_y, unscaled: small fp16 gradients keep their precision)
+//     input = false: [g0, g2, gR, gI]  (grad_y, unscaled: small fp16 gradients keep their precision),
+//                    or with `halve` [f0/2, f2/2, fR/2, fI/2] (x for the forward's GEMM form: in fp16
+//                    x0+x1+x2+x3 overflows for |x| > 16384, its half not for |x| <= 32752; exact)
 // FP32 arithmetic, one rounding per stored value. Element type float, __half or __nv_bfloat16.
 #pragma once
 
@@ -24,6 +26,7 @@ struct GroupDftParams {
   int64_t n;               // channels (>= 1)
   bool input;              // true: the x layout (scaled); false: the grad_y layout
   bool blocks = false;     // false: planes (4, M, n); true: column blocks (M, 4n), row m = [plane 0 | ...]
+  bool halve = false;      // input = false only: all four planes halved
   float* sums = nullptr;   // optional (sum_chunks, n) FP32: row-chunk partial column sums of f0 (the
                            // unrounded x0+x1+x2+x3; for grad_y: grad_bias = sums summed over chunks)
   int64_t sum_chunks = 0;  // rows of `sums`: eq_group_dft_sum_chunks(p, elem_bytes), first rows written
@@ -50,13 +53,15 @@ cudaError_t eq_group_dft_split_fp32(const float* x, float* dst, int64_t M, int64
 //   y (M, d, 4) contiguous with y0 = a0/2 + a2/2 + h aR, y1 = a0/2 - a2/2 - h aI,
 //   y2 = a0/2 + a2/2 - h aR, y3 = a0/2 - a2/2 + h aI (+ bias[o]), h = sqrt(2)/2: the p4 epilogue of
 //   DESIGN.md for the six plane products a0 = f0 P0^T, a2 = f2 P2^T, aR = fR PR^T - fI PI^T,
-//   aI = fR PI^T + fI PR^T. FP32 arithmetic, one rounding per output. y and bias have the element
+//   aI = fR PI^T + fI PR^T; with `halved`, a holds half of those products (from halved input planes):
+//   y0 = a0 + a2 + sqrt2 aR etc. FP32 arithmetic, one rounding per output. y and bias have the element
 //   type (elem_bytes 4: float; 2: bf16 ? __nv_bfloat16 : __half); y must be 16-byte aligned.
 struct GroupIdftParams {
   const float* a;
   const void* bias;  // nullptr: none
   void* y;
   int64_t M, d, lda;
+  bool halved = false;
 };
 cudaError_t eq_group_idft(const GroupIdftParams& p, int elem_bytes, bool bf16, cudaStream_t stream);
 

@@ -51,24 +51,29 @@ at::Tensor complex_block(const at::Tensor& p) {
   return at::cat({at::cat({pr, pi.neg()}, 1), at::cat({pi, pr}, 1)});
 }
 
-// y (M, d, 4) = inverse DFT of a (M, 4d) FP32 column blocks [a0 | a2 | aR | aI] + bias, in y's dtype:
-// the last pass of the TF32 / 3xTF32 forwards and of the GEMM-form grad_x; `what` names the caller.
-void inverse_dft_into(const at::Tensor& a, const at::Tensor& bias, at::Tensor& y, const char* what) {
+// y (M, d, 4) = inverse DFT of a (M, 4d) FP32 column blocks [a0 | a2 | aR | aI] + bias, in y's dtype
+// (halved: a holds half the products, eq_group_dft.h): the last pass of the GEMM-form forwards (TF32,
+// 3xTF32, fp16 / bf16) and of the GEMM-form grad_x; `what` names the caller.
+void inverse_dft_into(const at::Tensor& a, const at::Tensor& bias, at::Tensor& y, const char* what,
+                      bool halved = false) {
   const int64_t M = a.size(0), d = a.size(1) / 4;
-  GroupIdftParams ip{a.data_ptr<float>(), bias.defined() ? bias.data_ptr() : nullptr, y.data_ptr(), M, d, 4 * d};
+  GroupIdftParams ip{a.data_ptr<float>(), bias.defined() ? bias.data_ptr() : nullptr, y.data_ptr(), M, d, 4 * d,
+                     halved};
   const cudaError_t err = eq_group_idft(ip, static_cast<int>(y.element_size()), y.scalar_type() == at::kBFloat16,
                                         at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, what, ": inverse DFT failed: ", cudaGetErrorString(err));
 }
 
 // The plane products of the forward as cuBLAS GEMMs, then the inverse DFT: f (M, 4k) holds the input's
-// Fourier column blocks [f0 | f2 | fR | fI] (unscaled; f's dtype is the GEMMs' operand type),
-// planes (4, d, c) with (n, k) = (d, c); with `adjoint`, the products with the adjoint planes
+// Fourier column blocks [f0 | f2 | fR | fI] / 2 (halved: fp16 range; f's dtype is the GEMMs' operand
+// type), planes (4, d, c) with (n, k) = (d, c); with `adjoint` (f unscaled: grad_y's planes, shared
+// with the weight gradient), the products with the adjoint planes
 // (transposed, PI negated: grad_x, f from grad_y), (n, k) = (c, d), which need no copy: the adjoint's
 // GEMM operands are the planes themselves and complex_block(planes). planes must be contiguous.
 // Two GEMM calls with FP32 output into the column blocks [a0 | a2 | aR | aI] of one (M, 4n) FP32
-// buffer: a0 and a2 batched, the complex pair as one GEMM with K = 2k: [aR | aI] = [fR | fI] [[PR, -PI], [PI, PR]]^T (adjoint: [fR | fI] [[PR, -PI], [PI, PR]]);
-// then y (M, 4n) = inverse DFT + bias, rounded once to y's dtype.
+// buffer: a0 and a2 batched, the complex pair as one GEMM with K = 2k: [aR | aI] = [fR | fI]
+// [[PR, -PI], [PI, PR]]^T (adjoint: [fR | fI] [[PR, -PI], [PI, PR]]); then y (M, 4n) = inverse DFT
+// + bias, rounded once to y's dtype.
 void fourier_products_into(const at::Tensor& f, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
                            const char* what, bool adjoint = false) {
   const int64_t M = f.size(0), n = planes.size(adjoint ? 2 : 1), k = planes.size(adjoint ? 1 : 2);
@@ -89,20 +94,20 @@ void fourier_products_into(const at::Tensor& f, const at::Tensor& planes, const 
     at::bmm_out(a02, f02, b(p03), at::kFloat);
     at::mm_out(ari, fri, cb, at::kFloat);
   }
-  inverse_dft_into(a, bias, y, what);
+  inverse_dft_into(a, bias, y, what, !adjoint);
 }
 
 // Group DFT of t (M, 4n) (contiguous, aligned to 4 elements) into Fourier planes, layouts in
 // eq_group_dft.h: column blocks (M, 4n) with `blocks`, else planes (4, M, n). With sum, also the
 // FP32 column sums (n,) of the unrounded f0 over the rows, reduced in a fixed order; else an empty
-// (0,). `what` names the caller in errors.
+// (0,). `what` names the caller in errors; halve: eq_group_dft.h.
 std::tuple<at::Tensor, at::Tensor> group_dft(const at::Tensor& t, bool input, bool blocks, bool sum,
-                                             const char* what) {
+                                             const char* what, bool halve = false) {
   const int64_t M = t.size(0), n = t.size(1) / 4;
   at::Tensor out = blocks ? at::empty({M, 4 * n}, t.options()) : at::empty({4, M, n}, t.options());
   const auto f32 = t.options().dtype(at::kFloat);
   if (M == 0) return {out, sum ? at::zeros({n}, f32) : at::empty({0}, f32)};
-  GroupDftParams p{t.data_ptr(), out.data_ptr(), M, n, input, blocks};
+  GroupDftParams p{t.data_ptr(), out.data_ptr(), M, n, input, blocks, halve};
   const int elem = static_cast<int>(t.element_size());
   at::Tensor sums;
   if (sum) {
@@ -119,13 +124,53 @@ std::tuple<at::Tensor, at::Tensor> group_dft(const at::Tensor& t, bool input, bo
 
 // FP32 forward on tensor cores when PyTorch allows TF32 for matmuls (the switch F.linear follows) and
 // the fused Hopper kernel does not apply (other GPUs, FLASH_EQLINEAR_SM90=0, shapes) or is slower
-// (large layers): the group DFT of x into column blocks [f0 | f2 | fR | fI] of one (M, 4c) buffer,
+// (large layers): the group DFT of x into column blocks [f0 | f2 | fR | fI] / 2 of one (M, 4c) buffer,
 // then fourier_products_into (three TF32 GEMMs and the inverse DFT + bias pass).
 // Two extra passes over x-sized and y-sized FP32 buffers (a workspace of 4 M (c + d) floats) buy
 // cuBLAS's TF32 rate for the 6/16 of the dense MACs.
 void eq_linear_fwd_tf32(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y) {
-  const at::Tensor xf = std::get<0>(group_dft(aligned16(x), false, true, false, "eq_linear_fwd (tf32)"));
+  const at::Tensor xf = std::get<0>(group_dft(aligned16(x), false, true, false, "eq_linear_fwd (tf32)", true));
   fourier_products_into(xf, planes, bias, y, "eq_linear_fwd (tf32)");
+}
+
+// How fp16 / bf16 plane products are computed (the forward, and grad_x where the weight gradient takes
+// the GEMM form): FLASH_EQLINEAR_PRODUCTS=fused (the fused kernels: the Hopper one where it runs, else
+// mma.sync), =gemm (the GEMM form: the input's Fourier planes times the planes in cuBLAS GEMMs with
+// FP32 products, then the inverse DFT; fourier_products_into), or auto (default): the Hopper kernel
+// where it runs (for grad_x only below kGemmGradXMinCD output weights per plane), else the GEMM form
+// from kGemmFwdMinCD (forward; grad_x whenever grad_y's planes exist), else mma.sync.
+// H100, M = 32768, c = d (benchmarks/README.md, v8), with the input's group DFT: the GEMM form 0.46 /
+// 1.12 / 3.41 ms against mma.sync 0.48 / 1.65 / 6.05 ms and the Hopper kernel 0.25 / 0.91 / 3.66 ms
+// at c = 512 / 1024 / 2048; as grad_x the DFT is shared with the weight gradient, and at c = 2048 the
+// whole backward is 2-5% faster with the GEMM form than with the Hopper kernel (7% slower at c = 1024).
+constexpr int64_t kGemmFwdMinCD = int64_t(1) << 18;
+constexpr int64_t kGemmGradXMinCD = int64_t(1) << 22;
+enum class ProductsForm { kAuto, kFused, kGemm };
+ProductsForm products_form() {
+  const char* v = std::getenv("FLASH_EQLINEAR_PRODUCTS");
+  if (v != nullptr && std::strcmp(v, "fused") == 0) return ProductsForm::kFused;
+  if (v != nullptr && std::strcmp(v, "gemm") == 0) return ProductsForm::kGemm;
+  return ProductsForm::kAuto;
+}
+
+// Whether a Hopper kernel may run on t's device (a cheap pre-check: the launchers check the rest).
+bool hopper_kernels_may_run(const at::Tensor& t) {
+  return sm90_path_enabled() && at::cuda::getDeviceProperties(t.get_device())->major == 9;
+}
+
+// fp16 / bf16 (M, 4k) through the sm_90a forward kernel with planes (4, n, k) (n output channels), if
+// it runs for these tensors; else nothing is launched and false is returned.
+bool fwd_sm90_16bit(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y) {
+  const int64_t M = x.size(0), n = planes.size(1), k = planes.size(2);
+  if (M == 0) return true;
+  FwdParams p{x.data_ptr(), planes.data_ptr(), bias.defined() ? bias.data_ptr() : nullptr, y.data_ptr(), M, k, n};
+  bool launched = false;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cudaError_t err = x.scalar_type() == at::kHalf ? eq_linear_fwd_sm90_fp16(p, stream, &launched)
+                                                       : eq_linear_fwd_sm90_bf16(p, stream, &launched);
+  TORCH_CHECK(err == cudaSuccess, "flash_eqlinear: Hopper kernel launch failed (M=", num(M), ", in=", num(k),
+              ", out=", num(n), "): ", cudaGetErrorString(err));
+  return launched;
 }
 
 // Opt-in split-precision FP32 (FLASH_EQLINEAR_FP32=3xtf32): x's Fourier planes and the weight planes
@@ -250,6 +295,15 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
     if (!launched) eq_linear_fwd_tf32(xc, pc, b, y);
     return y;
   }
+  const ProductsForm form = products_form();
+  const bool gemm_form = form == ProductsForm::kGemm || (form == ProductsForm::kAuto && c * d >= kGemmFwdMinCD);
+  if (dtype != at::kFloat && gemm_form) {
+    if (form == ProductsForm::kAuto && hopper_kernels_may_run(x) && fwd_sm90_16bit(xc, pc, b, y)) return y;
+    // The GEMM form (products_form): group DFT of x, cuBLAS GEMMs, inverse DFT + bias.
+    const at::Tensor xf = std::get<0>(group_dft(aligned16(xc), false, true, false, "eq_linear_fwd", true));
+    fourier_products_into(xf, pc, b, y, "eq_linear_fwd");
+    return y;
+  }
   switch (dtype) {
     case at::kFloat: err = eq_linear_fwd_fp32(p, stream); break;
     case at::kHalf: err = eq_linear_fwd_fp16(p, stream); break;
@@ -322,43 +376,10 @@ std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool inp
   return group_dft(src, input, false, sum, "eq_group_dft");
 }
 
-// How the backward computes grad_x for fp16 / bf16 when the weight gradient takes the GEMM form:
-// FLASH_EQLINEAR_GRAD_X=fused (the forward kernels on the adjoint planes), =gemm (grad_y's Fourier
-// planes, which the weight gradient needs anyway, times the adjoint planes in cuBLAS GEMMs, then the
-// inverse DFT), or auto (default): the GEMM form from kGemmGradXMinCD output weights per plane on, and
-// below that the Hopper kernel where it runs, else the GEMM form, which beats the portable mma.sync
-// kernel there. H100, M = 32768, c = d (benchmarks/README.md, v8): grad_x from grad_y's planes 0.37 ms
-// vs mma.sync 0.48 ms at c = 512, 3.14 vs 6.06 ms at c = 2048; the Hopper kernel 0.25 ms at c = 512,
-// 3.94 ms at c = 2048 (there the whole backward is 2-5% faster with the GEMM form; at c = 1024 the
-// Hopper kernel's backward is 7% faster).
-constexpr int64_t kGemmGradXMinCD = int64_t(1) << 22;
-enum class GradXForm { kAuto, kFused, kGemm };
-GradXForm grad_x_form() {
-  const char* v = std::getenv("FLASH_EQLINEAR_GRAD_X");
-  if (v != nullptr && std::strcmp(v, "fused") == 0) return GradXForm::kFused;
-  if (v != nullptr && std::strcmp(v, "gemm") == 0) return GradXForm::kGemm;
-  return GradXForm::kAuto;
-}
-
-// grad_x by the sm_90a forward kernel on the adjoint planes, if it runs for these tensors (16-bit).
-bool grad_x_sm90(const at::Tensor& gy, const at::Tensor& adj, at::Tensor& gx) {
-  const int64_t M = gy.size(0), c = adj.size(1), d = adj.size(2);
-  gx = at::empty({M, 4 * c}, gy.options());
-  if (M == 0) return true;
-  FwdParams p{gy.data_ptr(), adj.data_ptr(), nullptr, gx.data_ptr(), M, d, c};
-  bool launched = false;
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const cudaError_t err = gy.scalar_type() == at::kHalf ? eq_linear_fwd_sm90_fp16(p, stream, &launched)
-                                                        : eq_linear_fwd_sm90_bf16(p, stream, &launched);
-  TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: grad_x kernel launch failed (M=", num(M), ", c=", num(c),
-              ", d=", num(d), "): ", cudaGetErrorString(err));
-  return launched;
-}
-
 // The whole backward in one op (one host call instead of a dozen Python-dispatched ones):
 // grad_y (M, 4d), x (M, 4c), planes (4, d, c) -> (grad_x (M, 4c), grad_planes (4, d, c), grad_bias (d,)),
 // each an empty (0,) tensor when not needed. grad_x: the forward kernel on the adjoint planes
-// (transposed, PI negated), or for fp16 / bf16 with gemm the GEMM form (grad_x_form). Weight:
+// (transposed, PI negated), or for fp16 / bf16 with gemm the GEMM form (products_form). Weight:
 // gemm = false: the fused kernel; gemm = true: both group DFTs into column blocks (grad_bias from
 // grad_y's column sums) and three GEMMs (layouts in eq_group_dft.h).
 // Workspace of the GEMM form: grad_y's planes (M, 4d) and x's (M, 4c) in their dtype, and for the
@@ -381,15 +402,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& g
               ", ", c10::toString(x.scalar_type()), ", ", c10::toString(planes.scalar_type()));
   const at::cuda::CUDAGuard guard(grad_y.device());
   const at::Tensor gy = grad_y.contiguous();
+  const int64_t M = x.size(0);
   const auto none = [&] { return at::empty({0}, gy.options()); };
   at::Tensor gx = none(), gp = none(), gb = none();
   bool gx_gemm = false;  // grad_x from grad_y's planes, below
   if (needs_x) {
-    const GradXForm form = grad_x_form();
-    const bool may_gemm = gemm && gy.scalar_type() != at::kFloat && form != GradXForm::kFused;
+    const ProductsForm form = products_form();
+    const bool may_gemm = gemm && gy.scalar_type() != at::kFloat && form != ProductsForm::kFused;
     // (No Hopper kernel to try on other devices or with FLASH_EQLINEAR_SM90=0: no adjoint copy.)
-    gx_gemm = may_gemm && (form == GradXForm::kGemm || c * d >= kGemmGradXMinCD || !sm90_path_enabled() ||
-                           at::cuda::getDeviceProperties(gy.get_device())->major != 9);
+    gx_gemm =
+        may_gemm && (form == ProductsForm::kGemm || c * d >= kGemmGradXMinCD || !hopper_kernels_may_run(gy));
     if (!gx_gemm) {
       // The adjoint planes: a copy, always: for c = 1 or d = 1 the transpose is already contiguous,
       // and .contiguous() would return a view whose negation changed the caller's planes.
@@ -397,7 +419,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& g
       adj.select(0, 2).neg_();
       if (may_gemm) {
         check_device_supported(gy);
-        gx_gemm = !grad_x_sm90(gy, adj, gx);
+        gx = at::empty({M, 4 * c}, gy.options());
+        gx_gemm = !fwd_sm90_16bit(gy, adj, at::Tensor(), gx);
       } else {
         gx = eq_linear_fwd(gy, adj, std::nullopt);
       }
@@ -408,7 +431,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& g
     auto [p, b] = eq_linear_bwd_weight(x, gy);
     return {gx, needs_p ? p : gp, needs_b ? b : gb};
   }
-  const int64_t M = x.size(0);
   if (!needs_p && !gx_gemm) return {gx, gp, gy.sum(0, false, at::kFloat).view({d, 4}).sum(1).to(gy.scalar_type())};
   check_device_supported(gy);
   const auto [gf, sums] = group_dft(aligned16(gy), false, true, needs_b, "eq_linear_bwd");  // [g0 | g2 | gR | gI]

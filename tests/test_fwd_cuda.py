@@ -440,6 +440,36 @@ def test_gradients_against_fp64(which, M, c, d, dtype, mode, monkeypatch):
     assert got.dtype == dtype and err <= tol, (err, tol)
 
 
+@pytest.mark.parametrize("form", ["fused", "gemm", "auto"])
+@pytest.mark.parametrize("sm90", [True, False], ids=["sm90", "portable"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "M, c, d", [(257, 59, 48), (7, 3, 59), (4097, 64, 200), (1000, 512, 512), (300, 520, 1026)]
+)
+def test_fwd_products_forms(M, c, d, dtype, sm90, form, monkeypatch):
+    # fp16 / bf16 forward by the fused kernels or by the GEMM form (group DFT, cuBLAS GEMMs with FP32
+    # products, inverse DFT + bias): forced by FLASH_EQLINEAR_PRODUCTS, or by default for layers with
+    # c * d >= 2^18 where the Hopper kernel does not run. Within 2x F.linear's error against float64;
+    # the profiler shows which form ran.
+    monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1" if sm90 else "0")
+    monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
+    if form == "auto":
+        monkeypatch.delenv("FLASH_EQLINEAR_PRODUCTS", raising=False)
+    else:
+        monkeypatch.setenv("FLASH_EQLINEAR_PRODUCTS", form)
+    x, planes, b = make(M, c, d, dtype, seed=M + c + d)
+    op = torch.ops.flash_eqlinear.eq_linear_fwd
+    names = launched_kernels(lambda: op(x, planes, b))
+    hopper = sm90 and torch.cuda.get_device_capability()[0] == 9 and c % 8 == 0 and d % 2 == 0
+    want_gemm = form == "gemm" or (form == "auto" and c * d >= 2**18 and not hopper)
+    assert any("group_idft" in n for n in names) == want_gemm, names
+    y = op(x, planes, b)
+    check_against_linear(y, x, planes, b)
+    assert torch.equal(op(x, planes, b), y)  # deterministic
+    x = (x.float() / x.float().abs().max() * 3e4).to(dtype)  # fp16: the halved transform stays finite
+    check_against_linear(op(x, planes, None), x, planes, None)
+
+
 @pytest.mark.parametrize("form", ["fused", "gemm"])
 @pytest.mark.parametrize("sm90", [True, False], ids=["sm90", "portable"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -447,14 +477,14 @@ def test_gradients_against_fp64(which, M, c, d, dtype, mode, monkeypatch):
 def test_grad_x_forms(M, c, d, dtype, sm90, form, monkeypatch):
     # With the GEMM-form weight gradient, fp16 / bf16 grad_x comes from a fused kernel (the Hopper one
     # where it runs) or from grad_y's Fourier planes through cuBLAS GEMMs with FP32 products and the
-    # inverse-DFT pass (FLASH_EQLINEAR_GRAD_X=gemm; by default wherever the Hopper kernel does not
-    # run). All three gradients within 2x F.linear's error against float64; the profiler shows
-    # which grad_x ran.
+    # inverse-DFT pass (FLASH_EQLINEAR_PRODUCTS=gemm; by default wherever the Hopper kernel does not
+    # run, and for the largest layers). All three gradients within 2x F.linear's error against
+    # float64; the profiler shows which grad_x ran.
     from flash_eqlinear import ops
 
     monkeypatch.setattr(ops, "WEIGHT_GRAD", "gemm")
     monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1" if sm90 else "0")
-    monkeypatch.setenv("FLASH_EQLINEAR_GRAD_X", form)
+    monkeypatch.setenv("FLASH_EQLINEAR_PRODUCTS", form)
     x, planes, b = make(M, c, d, dtype, seed=M + c + d)
     g = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
     leaves = [t.detach().clone().requires_grad_() for t in (x, planes, b)]
@@ -471,9 +501,11 @@ def test_grad_x_forms(M, c, d, dtype, sm90, form, monkeypatch):
     reference.naive_eq_linear(x64, fe.planes_to_naive(p64), b64, 4).backward(g.double())
     W = reference.dense_weight(fe.planes_to_naive(planes.double()))
     lin = [t.detach().clone().requires_grad_() for t in (x, W.to(dtype), b.repeat_interleave(4))]
-    lin64 = [t.detach().double().requires_grad_() for t in lin[:1]] + [W.requires_grad_()] + [
-        b.double().repeat_interleave(4).requires_grad_()
-    ]
+    lin64 = (
+        [t.detach().double().requires_grad_() for t in lin[:1]]
+        + [W.requires_grad_()]
+        + [b.double().repeat_interleave(4).requires_grad_()]
+    )
     F.linear(*lin).backward(g)
     F.linear(*lin64).backward(g.double())
     wants = (x64.grad, p64.grad, b64.grad)
