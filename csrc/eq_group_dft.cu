@@ -1,5 +1,6 @@
-// Group DFT of an interleaved (M, n, 4) tensor into Fourier planes (P, M, n), one pass: the
-// operand layout of the GEMM form of the weight gradient (see eq_group_dft.h).
+// Group DFT of an interleaved (M, n, 4) tensor into Fourier planes (4, M, n) or column blocks (M, 4n),
+// and the inverse DFT of FP32 plane products back to (M, d, 4), one pass each; layouts and the GEMM
+// forms they serve: eq_group_dft.h.
 
 #include <cstdint>
 #include <type_traits>
@@ -90,7 +91,7 @@ __global__ void __launch_bounds__(256) group_dft_kernel(const T* __restrict__ sr
   const int64_t n = gpr * kC;
   const int64_t plane = blocks ? n : M * n, row_stride = blocks ? kPlanes * n : n;
   const int64_t r_end = M < (int64_t(blockIdx.y) + 1) * rows_per_chunk ? M : (int64_t(blockIdx.y) + 1) * rows_per_chunk;
-  const float hs = halve ? 0.5f : 1.f;  // grad_y layout's scale (exact)
+  const float hs = halve ? 0.5f : 1.f;  // the input = false layout's scale (a power of two: exact)
   float acc[kC] = {};
   for (int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk + row_off; active && r0 < r_end; r0 += kU * R) {
     uint32_t w[kU][kW];

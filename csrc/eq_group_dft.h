@@ -1,5 +1,6 @@
-// Group DFT (T = 4) of an interleaved tensor into separate Fourier planes: the operands of the
-// GEMM form of the weight gradient (flash_eqlinear/ops.py), where cuBLAS runs the plane products.
+// Group DFT (T = 4) of an interleaved tensor into separate Fourier planes, and its inverse: the passes
+// around cuBLAS's plane products in the GEMM forms (the weight gradient, grad_x, the TF32 and large
+// fp16 / bf16 forwards; flash_eqlinear bindings).
 //
 // Torch-free on purpose: this header and the kernel compile with plain nvcc.
 //
@@ -47,8 +48,8 @@ cudaError_t eq_group_dft(const GroupDftParams& p, int elem_bytes, bool bf16, cud
 // x (M, c, 4) must be 16-byte aligned.
 cudaError_t eq_group_dft_split_fp32(const float* x, float* dst, int64_t M, int64_t c, cudaStream_t stream);
 
-// Inverse group DFT + bias (the last pass of the TF32 / 3xTF32 forwards and of the GEMM-form grad_x,
-// flash_eqlinear bindings):
+// Inverse group DFT + bias (the last pass of the GEMM forms: the TF32 / 3xTF32 / fp16 / bf16 forwards
+// and grad_x; flash_eqlinear bindings):
 //   a (M, 4d) FP32 column blocks [a0 | a2 | aR | aI] (row stride lda >= 4d), bias (d,) or nullptr ->
 //   y (M, d, 4) contiguous with y0 = a0/2 + a2/2 + h aR, y1 = a0/2 - a2/2 - h aI,
 //   y2 = a0/2 + a2/2 - h aR, y3 = a0/2 - a2/2 + h aI (+ bias[o]), h = sqrt(2)/2: the p4 epilogue of

@@ -66,10 +66,10 @@ void inverse_dft_into(const at::Tensor& a, const at::Tensor& bias, at::Tensor& y
 
 // The plane products of the forward as cuBLAS GEMMs, then the inverse DFT: f (M, 4k) holds the input's
 // Fourier column blocks [f0 | f2 | fR | fI] / 2 (halved: fp16 range; f's dtype is the GEMMs' operand
-// type), planes (4, d, c) with (n, k) = (d, c); with `adjoint` (f unscaled: grad_y's planes, shared
-// with the weight gradient), the products with the adjoint planes
-// (transposed, PI negated: grad_x, f from grad_y), (n, k) = (c, d), which need no copy: the adjoint's
-// GEMM operands are the planes themselves and complex_block(planes). planes must be contiguous.
+// type), planes (4, d, c) with (n, k) = (d, c). With `adjoint`: the products with the adjoint planes
+// (transposed, PI negated) for grad_x, f = grad_y's unscaled planes (shared with the weight
+// gradient), (n, k) = (c, d); they need no copy: the adjoint's GEMM operands are the planes themselves
+// and complex_block(planes). planes must be contiguous.
 // Two GEMM calls with FP32 output into the column blocks [a0 | a2 | aR | aI] of one (M, 4n) FP32
 // buffer: a0 and a2 batched, the complex pair as one GEMM with K = 2k: [aR | aI] = [fR | fI]
 // [[PR, -PI], [PI, PR]]^T (adjoint: [fR | fI] [[PR, -PI], [PI, PR]]); then y (M, 4n) = inverse DFT
@@ -125,7 +125,7 @@ std::tuple<at::Tensor, at::Tensor> group_dft(const at::Tensor& t, bool input, bo
 // FP32 forward on tensor cores when PyTorch allows TF32 for matmuls (the switch F.linear follows) and
 // the fused Hopper kernel does not apply (other GPUs, FLASH_EQLINEAR_SM90=0, shapes) or is slower
 // (large layers): the group DFT of x into column blocks [f0 | f2 | fR | fI] / 2 of one (M, 4c) buffer,
-// then fourier_products_into (three TF32 GEMMs and the inverse DFT + bias pass).
+// then fourier_products_into (TF32 GEMMs in two calls and the inverse DFT + bias pass).
 // Two extra passes over x-sized and y-sized FP32 buffers (a workspace of 4 M (c + d) floats) buy
 // cuBLAS's TF32 rate for the 6/16 of the dense MACs.
 void eq_linear_fwd_tf32(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y) {
