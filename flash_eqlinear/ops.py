@@ -40,9 +40,10 @@ if BACKEND not in _BACKENDS:
 #   "auto"      by size: "fused" for small layers, "gemm" for large ones (H100 timings)
 #   "fused"     the fused weight-gradient kernels (no workspace)
 #   "gemm"      one group-DFT pass per operand into Fourier planes (a workspace of 1x x and 1x
-#               grad_y), then three cuBLAS GEMMs (cuBLAS's tensor-core / FFMA peak on large layers);
-#               for fp16 / bf16 without the Hopper kernel, grad_x from grad_y's planes too (three
-#               GEMMs into an FP32 (M, 4c) buffer, then the inverse DFT; FLASH_EQLINEAR_PRODUCTS)
+#               grad_y), then the six plane products as cuBLAS GEMMs (its tensor-core / FFMA peak
+#               on large layers); for fp16 / bf16 without the Hopper kernel (and for the largest
+#               layers), grad_x from grad_y's planes too (GEMMs into an FP32 (M, 4c) buffer, then
+#               the inverse DFT; FLASH_EQLINEAR_PRODUCTS)
 #   "reference" the reference reductions (stock torch ops), for comparison
 _WEIGHT_GRAD_MODES = ("auto", "fused", "gemm", "reference")
 WEIGHT_GRAD = os.environ.get("FLASH_EQLINEAR_WEIGHT_GRAD", "auto").strip().lower() or "auto"
