@@ -12,10 +12,11 @@
 //   big:   4 x 2 warps, 8 x 4 per lane -> 128 x 64 tile, 256 threads, 128 accumulators/lane,
 //          12 LDS.128 per 192 FFMA, one block (8 warps) per SM.
 //   small: 4 x 1 warps, 4 x 4 per lane ->  64 x 32 tile, 128 threads, three blocks per SM: for
-//          grids that would fill the GPU poorly with the big tile (small M, small d) and for
-//          short K (c <= 512), where three blocks hide each other's fill, k-tile barriers and
-//          epilogue (H100, M = 32768, C = D = 4c: 0.064 / 0.191 / 0.670 / 2.55 ms against the big
-//          tile's 0.071 / 0.207 / 0.707 / 2.61 ms at c = 64 / 128 / 256 / 512).
+//          grids that would fill the GPU poorly with the big tile (small M, small d).
+//   small4: the small tile at four blocks per SM (<= 128 registers), for short K (c <= 512), where
+//          the blocks hide each other's fill, k-tile barriers and epilogue (H100, M = 32768,
+//          C = D = 4c: 0.060 / 0.182 / 0.658 / 2.52 ms against the big tile's 0.073 / 0.210 /
+//          0.714 / 2.63 ms at c = 64 / 128 / 256 / 512).
 // Blocks walk the (M tile, d tile) grid in groups of kGroupM M tiles for L2 reuse.
 //
 // Shared memory (dynamic), two stages, k-major so that a k step reads rows / channels as float4:

@@ -43,6 +43,23 @@ def fp64_reference(x, planes, b):
     return reference.naive_eq_linear(x.double(), w, None if b is None else b.double(), 4), w
 
 
+def fp64_grads(x, planes, b, g):
+    """(grad_x, grad_planes, grad_bias) of the naive layer in float64 for output gradient g."""
+    x64, p64, b64 = [t.detach().double().requires_grad_() for t in (x, planes, b)]
+    reference.naive_eq_linear(x64, fe.planes_to_naive(p64), b64, 4).backward(g.double())
+    return x64.grad, p64.grad, b64.grad
+
+
+def linear_grads(x, planes, b, g, dt):
+    """(grad_x, grad_W, grad_B) of F.linear with the dense weight, all in dtype dt: the error scale
+    a gradient of ours is held to."""
+    W = reference.dense_weight(fe.planes_to_naive(planes.double())).to(dt).requires_grad_()
+    B = b.to(dt).repeat_interleave(4).detach().requires_grad_()
+    xl = x.to(dt).detach().requires_grad_()
+    F.linear(xl, W, B).backward(g.to(dt))
+    return xl.grad, W.grad, B.grad
+
+
 def check_against_linear(y, x, planes, b):
     assert y.dtype == x.dtype and torch.isfinite(y).all()
     ref, w = fp64_reference(x, planes, b)
@@ -423,19 +440,9 @@ def test_gradients_against_fp64(which, M, c, d, dtype, mode, monkeypatch):
     g = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
     leaves = [t.detach().clone().requires_grad_() for t in (x, planes, b)]
     fe.flash_eq_linear(*leaves).backward(g)
-    x64, p64, b64 = [t.detach().double().requires_grad_() for t in (x, planes, b)]
-    reference.naive_eq_linear(x64, fe.planes_to_naive(p64), b64, 4).backward(g.double())
-
-    def linear_grads(dt):
-        W = reference.dense_weight(fe.planes_to_naive(planes.double())).to(dt).requires_grad_()
-        B = b.to(dt).repeat_interleave(4).detach().requires_grad_()
-        xl = x.to(dt).detach().requires_grad_()
-        F.linear(xl, W, B).backward(g.to(dt))
-        return xl.grad, W.grad, B.grad
-
-    got, want = leaves[k].grad, (x64, p64, b64)[k].grad
+    got, want = leaves[k].grad, fp64_grads(x, planes, b, g)[k]
     err = rel_l2(got, want)
-    lin_err = rel_l2(linear_grads(dtype)[k], linear_grads(torch.float64)[k])
+    lin_err = rel_l2(linear_grads(x, planes, b, g, dtype)[k], linear_grads(x, planes, b, g, torch.float64)[k])
     tol = 1e-5 if dtype == torch.float32 else 2 * max(lin_err, ROUNDOFF[dtype] / 8)
     assert got.dtype == dtype and err <= tol, (err, tol)
 
@@ -497,23 +504,13 @@ def test_grad_x_forms(M, c, d, dtype, sm90, form, monkeypatch):
     names = launched_kernels(backward)
     if M > 0:
         assert any("group_idft" in n for n in names) == (form == "gemm"), names
-    x64, p64, b64 = [t.detach().double().requires_grad_() for t in (x, planes, b)]
-    reference.naive_eq_linear(x64, fe.planes_to_naive(p64), b64, 4).backward(g.double())
-    W = reference.dense_weight(fe.planes_to_naive(planes.double()))
-    lin = [t.detach().clone().requires_grad_() for t in (x, W.to(dtype), b.repeat_interleave(4))]
-    lin64 = (
-        [t.detach().double().requires_grad_() for t in lin[:1]]
-        + [W.requires_grad_()]
-        + [b.double().repeat_interleave(4).requires_grad_()]
-    )
-    F.linear(*lin).backward(g)
-    F.linear(*lin64).backward(g.double())
-    wants = (x64.grad, p64.grad, b64.grad)
+    wants = fp64_grads(x, planes, b, g)
+    lin, lin64 = linear_grads(x, planes, b, g, dtype), linear_grads(x, planes, b, g, torch.float64)
     for k, (got, want) in enumerate(zip([t.grad for t in leaves], wants, strict=True)):
         if M == 0:
             assert got.shape == want.shape and not got.abs().sum(), k
             continue
-        tol = 2 * max(rel_l2(lin[k].grad, lin64[k].grad), ROUNDOFF[dtype] / 8)
+        tol = 2 * max(rel_l2(lin[k], lin64[k]), ROUNDOFF[dtype] / 8)
         assert got.dtype == dtype and rel_l2(got, want) <= tol, (k, rel_l2(got, want), tol)
 
 
