@@ -16,6 +16,7 @@
 #include "eq_linear_fwd.h"
 #include "eq_linear_fwd_narrow.h"
 #include "eq_linear_fwd_sm90.h"
+#include "eq_plane_blocks.h"
 
 namespace flash_eqlinear {
 namespace {
@@ -45,10 +46,15 @@ at::Tensor aligned16(const at::Tensor& x) {
 }
 
 // [[PR, -PI], [PI, PR]] (2d, 2c) of planes (4, d, c): the complex plane product as one real GEMM,
-// [aR | aI] = [fR | fI] [[PR, -PI], [PI, PR]]^T.
+// [aR | aI] = [fR | fI] [[PR, -PI], [PI, PR]]^T. One launch (eq_plane_blocks.h).
 at::Tensor complex_block(const at::Tensor& p) {
-  const at::Tensor pr = p.select(0, 1), pi = p.select(0, 2);
-  return at::cat({at::cat({pr, pi.neg()}, 1), at::cat({pi, pr}, 1)});
+  const at::Tensor pc = p.contiguous();
+  const int64_t d = pc.size(1), c = pc.size(2);
+  at::Tensor out = at::empty({2 * d, 2 * c}, pc.options());
+  const cudaError_t err = eq_complex_block(pc.data_ptr(), out.data_ptr(), d, c, static_cast<int>(pc.element_size()),
+                                           at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "flash_eqlinear: complex block failed: ", cudaGetErrorString(err));
+  return out;
 }
 
 // y (M, d, 4) = inverse DFT of a (M, 4d) FP32 column blocks [a0 | a2 | aR | aI] + bias, in y's dtype
@@ -99,14 +105,14 @@ void fourier_products_into(const at::Tensor& f, const at::Tensor& planes, const 
 
 // Group DFT of t (M, 4n) (contiguous, aligned to 4 elements) into Fourier planes, layouts in
 // eq_group_dft.h: column blocks (M, 4n) with `blocks`, else planes (4, M, n). With sum, also the
-// FP32 column sums (n,) of the unrounded f0 over the rows, reduced in a fixed order; else an empty
-// (0,). `what` names the caller in errors; halve: eq_group_dft.h.
+// FP32 column sums of the unrounded f0 per chunk of rows, (chunks, n), to be summed over the chunks in
+// order; else an empty (0,). `what` names the caller in errors; halve: eq_group_dft.h.
 std::tuple<at::Tensor, at::Tensor> group_dft(const at::Tensor& t, bool input, bool blocks, bool sum,
                                              const char* what, bool halve = false) {
   const int64_t M = t.size(0), n = t.size(1) / 4;
   at::Tensor out = blocks ? at::empty({M, 4 * n}, t.options()) : at::empty({4, M, n}, t.options());
   const auto f32 = t.options().dtype(at::kFloat);
-  if (M == 0) return {out, sum ? at::zeros({n}, f32) : at::empty({0}, f32)};
+  if (M == 0) return {out, sum ? at::zeros({1, n}, f32) : at::empty({0}, f32)};
   GroupDftParams p{t.data_ptr(), out.data_ptr(), M, n, input, blocks, halve};
   const int elem = static_cast<int>(t.element_size());
   at::Tensor sums;
@@ -119,7 +125,7 @@ std::tuple<at::Tensor, at::Tensor> group_dft(const at::Tensor& t, bool input, bo
   const cudaError_t err = eq_group_dft(p, elem, t.scalar_type() == at::kBFloat16, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, what, ": group DFT failed (M=", num(M), ", n=", num(n), "): ",
               cudaGetErrorString(err));
-  return {out, sum ? sums.sum(0) : at::empty({0}, f32)};
+  return {out, sum ? sums : at::empty({0}, f32)};
 }
 
 // FP32 forward on tensor cores when PyTorch allows TF32 for matmuls (the switch F.linear follows) and
@@ -373,7 +379,8 @@ std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool inp
   const at::cuda::CUDAGuard guard(t.device());
   at::Tensor src = t.contiguous();
   if (reinterpret_cast<uintptr_t>(src.data_ptr()) % (4 * src.element_size()) != 0) src = src.clone();
-  return group_dft(src, input, false, sum, "eq_group_dft");
+  auto [planes, sums] = group_dft(src, input, false, sum, "eq_group_dft");
+  return {planes, sum ? sums.sum(0) : sums};
 }
 
 // The whole backward in one op (one host call instead of a dozen Python-dispatched ones):
@@ -434,6 +441,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& g
   if (!needs_p && !gx_gemm) return {gx, gp, gy.sum(0, false, at::kFloat).view({d, 4}).sum(1).to(gy.scalar_type())};
   check_device_supported(gy);
   const auto [gf, sums] = group_dft(aligned16(gy), false, true, needs_b, "eq_linear_bwd");  // [g0 | g2 | gR | gI]
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int elem = static_cast<int>(gy.element_size());
+  const bool bf16 = gy.scalar_type() == at::kBFloat16;
+  cudaError_t err = cudaSuccess;
   if (gx_gemm) {
     gx = at::empty({M, 4 * c}, gy.options());
     if (M > 0) fourier_products_into(gf, planes.contiguous(), at::Tensor(), gx, "eq_linear_bwd (grad_x)", true);
@@ -449,12 +460,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& g
     // [gI^T fR, gI^T fI]] / r2: PR = gR^T fR + gI^T fI, PI = gI^T fR - gR^T fI (one rounding each).
     const at::Tensor gri = gf.narrow(1, 2 * d, 2 * d).t(), fri = xf.narrow(1, 2 * c, 2 * c);
     const at::Tensor q = gy.scalar_type() == at::kFloat ? at::mm(gri, fri) : at::mm(gri, fri, at::kFloat);
-    const auto blk = [&](int64_t i, int64_t j) { return q.narrow(0, i * d, d).narrow(1, j * c, c); };
-    at::Tensor pr = gp.select(0, 1), pi = gp.select(0, 2);
-    at::add_out(pr, blk(0, 0), blk(1, 1));
-    at::sub_out(pi, blk(1, 0), blk(0, 1));
+    err = eq_pair_combine(q.data_ptr<float>(), gp.select(0, 1).data_ptr(), gp.select(0, 2).data_ptr(), d, c, elem,
+                          bf16, stream);
+    TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: pair combine failed: ", cudaGetErrorString(err));
   }
-  return {gx, gp, needs_b ? sums.to(gy.scalar_type()) : gb};
+  if (needs_b) {
+    gb = at::empty({d}, gy.options());
+    err = eq_column_sums(sums.data_ptr<float>(), gb.data_ptr(), sums.size(0), d, elem, bf16, stream);
+    TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: column sums failed: ", cudaGetErrorString(err));
+  }
+  return {gx, gp, gb};
 }
 
 }  // namespace

@@ -1,0 +1,28 @@
+// Small passes over plane-sized tensors for the GEMM forms (eq_linear_bindings.cpp). Each replaces
+// several ATen launches: the host cost per call, which sets the eager timings of mid-size layers.
+//
+// Torch-free: this header and the kernels compile with plain nvcc. Element types by size: 4 (float),
+// 2 (bf16 ? __nv_bfloat16 : __half). All tensors contiguous.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace flash_eqlinear {
+
+// planes (4, d, c) -> out (2d, 2c) = [[PR, -PI], [PI, PR]] with PR = plane 1, PI = plane 2: bit copies,
+// -PI by flipping the sign bit (exact in every type). The complex pair's GEMM operand.
+cudaError_t eq_complex_block(const void* planes, void* out, int64_t d, int64_t c, int elem_bytes,
+                             cudaStream_t stream);
+
+// q (2d, 2c) FP32 = [[q00, q01], [q10, q11]] -> pr = q00 + q11, pi = q10 - q01, each (d, c), rounded
+// once to the element type: the weight gradient's complex pair from its one FP32 product.
+cudaError_t eq_pair_combine(const float* q, void* pr, void* pi, int64_t d, int64_t c, int elem_bytes, bool bf16,
+                            cudaStream_t stream);
+
+// sums (chunks, n) FP32 -> out (n,) = the chunks summed in order (deterministic), rounded once to the
+// element type: grad_bias from the group DFT's per-chunk column sums.
+cudaError_t eq_column_sums(const float* sums, void* out, int64_t chunks, int64_t n, int elem_bytes, bool bf16,
+                           cudaStream_t stream);
+
+}  // namespace flash_eqlinear
