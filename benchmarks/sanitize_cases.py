@@ -78,7 +78,7 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16) if "bwd" in DIRECTIO
             assert err < TOL[dtype], ("bwd_weight", dtype, M, c, d, err)
 # The GEMM forms with fp16 / bf16 plane products (FLASH_EQLINEAR_PRODUCTS=gemm): the forward (halved
 # group DFT, inverse DFT + bias into 16-bit) and the whole backward with grad_x from grad_y's planes;
-# pairs and single channels.
+# pairs and single channels; the planes-keeping training forward and its backward.
 for dtype in (torch.float16, torch.bfloat16) if "gemm" in DIRECTIONS else ():
     for M, c, d in [(7, 3, 59), (129, 59, 200), (1000, 64, 48), (257, 200, 31)]:
         x = torch.randn(M, 4 * c, device="cuda", dtype=dtype)
@@ -93,6 +93,12 @@ for dtype in (torch.float16, torch.bfloat16) if "gemm" in DIRECTIONS else ():
         want = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double())
         for got, ref in zip((gx, gp, gb), want, strict=True):
             assert rel_err(got, ref) < TOL[dtype], ("bwd gemm", dtype, M, c, d)
+        # The training forward that keeps x's planes, and its backward from them.
+        yk, xf = torch.ops.flash_eqlinear.eq_linear_fwd_xf(x, planes, b)
+        assert torch.equal(yk, y), ("fwd_xf", dtype, M, c, d)
+        kept = torch.ops.flash_eqlinear.eq_linear_bwd_xf(gy, xf, planes, True, True, True)
+        for got, ref in zip(kept, want, strict=True):
+            assert rel_err(got, ref) < TOL[dtype], ("bwd_xf", dtype, M, c, d)
 # Group DFT alone (its shared-memory column-sum reduction; each channels-per-thread width).
 for dtype in (torch.float32, torch.float16, torch.bfloat16) if "dft" in DIRECTIONS else ():
     for M, n in [(1, 1), (129, 59), (33, 6), (4097, 64), (3001, 300), (20000, 2), (5000, 48)]:

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <tuple>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -239,36 +241,46 @@ void eq_linear_fwd_3xtf32(const at::Tensor& x, const at::Tensor& planes, const a
   inverse_dft_into(a, bias, y, "eq_linear_fwd (3xtf32)");
 }
 
-// x (M, 4c), planes (4, d, c), bias (d,) or None -> y (M, 4d); all one dtype, on one CUDA device.
-at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
-                         const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.is_cuda() && planes.is_cuda(), "eq_linear_fwd: x and planes must be CUDA tensors, got ",
-              x.device().str(), " and ", planes.device().str());
-  TORCH_CHECK(x.device() == planes.device(), "eq_linear_fwd: x is on ", x.device().str(), " but planes on ",
+// The forward ops' argument checks (`what` names the op); returns the bias made contiguous, or an
+// undefined tensor for None.
+at::Tensor checked_fwd_args(const at::Tensor& x, const at::Tensor& planes, const std::optional<at::Tensor>& bias,
+                            const char* what) {
+  const std::string op = what;
+  TORCH_CHECK(x.is_cuda() && planes.is_cuda(), op, ": x and planes must be CUDA tensors, got ", x.device().str(),
+              " and ", planes.device().str());
+  TORCH_CHECK(x.device() == planes.device(), op, ": x is on ", x.device().str(), " but planes on ",
               planes.device().str());
-  TORCH_CHECK(x.dim() == 2, "eq_linear_fwd: x must be 2-D (M, 4c), got ", shape(x.sizes()));
-  TORCH_CHECK(planes.dim() == 3 && planes.size(0) == 4,
-              "eq_linear_fwd: planes must have shape (4, d, c), got ", shape(planes.sizes()));
-  const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
-  TORCH_CHECK(c >= 1 && d >= 1, "eq_linear_fwd: c and d must be >= 1, got planes ", shape(planes.sizes()));
-  TORCH_CHECK(x.size(1) == 4 * c, "eq_linear_fwd: x has ", num(x.size(1)), " features but planes ",
-              shape(planes.sizes()), " expect 4*c = ", num(4 * c));
+  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D (M, 4c), got ", shape(x.sizes()));
+  TORCH_CHECK(planes.dim() == 3 && planes.size(0) == 4, op, ": planes must have shape (4, d, c), got ",
+              shape(planes.sizes()));
+  const int64_t d = planes.size(1), c = planes.size(2);
+  TORCH_CHECK(c >= 1 && d >= 1, op, ": c and d must be >= 1, got planes ", shape(planes.sizes()));
+  TORCH_CHECK(x.size(1) == 4 * c, op, ": x has ", num(x.size(1)), " features but planes ", shape(planes.sizes()),
+              " expect 4*c = ", num(4 * c));
   const auto dtype = x.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
-              "eq_linear_fwd: dtype must be float32, float16 or bfloat16, got ", c10::toString(dtype));
-  TORCH_CHECK(planes.scalar_type() == dtype, "eq_linear_fwd: planes dtype ", c10::toString(planes.scalar_type()),
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, op,
+              ": dtype must be float32, float16 or bfloat16, got ", c10::toString(dtype));
+  TORCH_CHECK(planes.scalar_type() == dtype, op, ": planes dtype ", c10::toString(planes.scalar_type()),
               " does not match x dtype ", c10::toString(dtype));
   at::Tensor b;
   if (bias.has_value()) {
     b = bias->contiguous();
-    TORCH_CHECK(b.device() == x.device(), "eq_linear_fwd: bias is on ", b.device().str(), " but x on ",
-                x.device().str());
-    TORCH_CHECK(b.dim() == 1 && b.size(0) == d, "eq_linear_fwd: bias must have shape (", num(d),
-                ",), got ", shape(b.sizes()));
-    TORCH_CHECK(b.scalar_type() == dtype, "eq_linear_fwd: bias dtype ", c10::toString(b.scalar_type()),
+    TORCH_CHECK(b.device() == x.device(), op, ": bias is on ", b.device().str(), " but x on ", x.device().str());
+    TORCH_CHECK(b.dim() == 1 && b.size(0) == d, op, ": bias must have shape (", num(d), ",), got ",
+                shape(b.sizes()));
+    TORCH_CHECK(b.scalar_type() == dtype, op, ": bias dtype ", c10::toString(b.scalar_type()),
                 " does not match x dtype ", c10::toString(dtype));
   }
   check_device_supported(x);
+  return b;
+}
+
+// x (M, 4c), planes (4, d, c), bias (d,) or None -> y (M, 4d); all one dtype, on one CUDA device.
+at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
+                         const std::optional<at::Tensor>& bias) {
+  const at::Tensor b = checked_fwd_args(x, planes, bias, "eq_linear_fwd");
+  const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
+  const auto dtype = x.scalar_type();
   const at::cuda::CUDAGuard guard(x.device());
   const at::Tensor xc = x.contiguous(), pc = planes.contiguous();
   if (M == 0) return at::empty({M, 4 * d}, x.options());
@@ -318,6 +330,23 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
   TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: kernel launch failed (M=", num(M), ", c=", num(c), ", d=", num(d),
               ", ", c10::toString(dtype), "): ", cudaGetErrorString(err));
   return y;
+}
+
+// The training forward of the GEMM form (fp16 / bf16): y as eq_linear_fwd's GEMM form computes it, and
+// x's Fourier planes xf (M, 4c) = [f0 | f2 | fR | fI] / 2 (column blocks, eq_group_dft.h), which that
+// form makes anyway, for the backward to keep instead of x (same size): eq_linear_bwd_xf then needs no
+// group DFT of x. The caller decides when the GEMM form is the one to take (flash_eqlinear.ops).
+std::tuple<at::Tensor, at::Tensor> eq_linear_fwd_xf(const at::Tensor& x, const at::Tensor& planes,
+                                                    const std::optional<at::Tensor>& bias) {
+  const at::Tensor b = checked_fwd_args(x, planes, bias, "eq_linear_fwd_xf");
+  TORCH_CHECK(x.scalar_type() != at::kFloat, "eq_linear_fwd_xf: dtype must be float16 or bfloat16, got float32");
+  const int64_t M = x.size(0), d = planes.size(1);
+  const at::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty({M, 4 * d}, x.options());
+  if (M == 0) return {y, at::empty_like(x, at::MemoryFormat::Contiguous)};
+  const at::Tensor xf = std::get<0>(group_dft(aligned16(x.contiguous()), false, true, false, "eq_linear_fwd_xf", true));
+  fourier_products_into(xf, planes.contiguous(), b, y, "eq_linear_fwd_xf");
+  return {y, xf};
 }
 
 // Weight gradients: x (M, 4c), grad_y (M, 4d) -> (grad_planes (4, d, c), grad_bias (d,)), in the
@@ -383,12 +412,75 @@ std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool inp
   return {planes, sum ? sums.sum(0) : sums};
 }
 
+// grad_x (M, 4c) of grad_y (M, 4d) by a fused kernel on the adjoint planes (transposed, PI negated),
+// unless the GEMM form takes it: with gemm_ok (the weight gradient makes grad_y's Fourier planes anyway)
+// for fp16 / bf16 as products_form says. Returns (grad_x, false), or (an empty tensor, true) when grad_x
+// is left to the GEMM form (bwd_from_planes).
+std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor& planes, bool gemm_ok) {
+  const ProductsForm form = products_form();
+  const bool may_gemm = gemm_ok && gy.scalar_type() != at::kFloat && form != ProductsForm::kFused;
+  const int64_t c = planes.size(2), d = planes.size(1);
+  // (No Hopper kernel to try on other devices or with FLASH_EQLINEAR_SM90=0: no adjoint copy.)
+  if (may_gemm && (form == ProductsForm::kGemm || c * d >= kGemmGradXMinCD || !hopper_kernels_may_run(gy)))
+    return {at::Tensor(), true};
+  // The adjoint planes: a copy, always: for c = 1 or d = 1 the transpose is already contiguous, and
+  // .contiguous() would return a view whose negation changed the caller's planes.
+  at::Tensor adj = planes.transpose(1, 2).clone(at::MemoryFormat::Contiguous);
+  adj.select(0, 2).neg_();
+  if (!may_gemm) return {eq_linear_fwd(gy, adj, std::nullopt), false};
+  check_device_supported(gy);
+  at::Tensor gx = at::empty({gy.size(0), 4 * c}, gy.options());
+  if (fwd_sm90_16bit(gy, adj, at::Tensor(), gx)) return {gx, false};
+  return {at::Tensor(), true};
+}
+
+// The GEMM form of the backward from grad_y (M, 4d, contiguous): grad_y's group DFT into column blocks
+// [g0 | g2 | gR | gI] (with grad_bias from its column sums), grad_x from them when gx_gemm, and
+// grad_planes from x's planes xf() (M, 4c), called only when needs_p: column blocks [f0/2 | f2/2 |
+// pair] with the complex pair [fR | fI] scaled by 1/r2 (group_dft's x layout) or, with pair_halved,
+// by 1/2 (the forward's GEMM form). Not-needed outputs stay as passed in.
+template <class XfFn>
+void bwd_from_planes(const at::Tensor& gy, XfFn xf_of, const at::Tensor& planes, bool pair_halved, bool gx_gemm,
+                     bool needs_p, bool needs_b, at::Tensor& gx, at::Tensor& gp, at::Tensor& gb) {
+  const int64_t M = gy.size(0), d = planes.size(1), c = planes.size(2);
+  check_device_supported(gy);
+  const auto [gf, sums] = group_dft(aligned16(gy), false, true, needs_b, "eq_linear_bwd");
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int elem = static_cast<int>(gy.element_size());
+  const bool bf16 = gy.scalar_type() == at::kBFloat16;
+  cudaError_t err = cudaSuccess;
+  if (gx_gemm) {
+    gx = at::empty({M, 4 * c}, gy.options());
+    if (M > 0) fourier_products_into(gf, planes.contiguous(), at::Tensor(), gx, "eq_linear_bwd (grad_x)", true);
+  }
+  if (needs_p) {
+    const at::Tensor xf = xf_of();
+    gp = at::empty({4, d, c}, gy.options());
+    // P0 = g0^T f0 / 2 and P2 = g2^T f2 / 2 as one strided-batched GEMM into planes 0 and 3.
+    at::Tensor gp03 = gp.as_strided({2, d, c}, {3 * d * c, c, 1});
+    at::bmm_out(gp03, gf.as_strided({2, d, M}, {d, 1, 4 * d}), xf.as_strided({2, M, c}, {c, 4 * c, 1}));
+    // The complex pair in one FP32 product of the stored blocks, q = [gR | gI]^T [fR | fI] = [[gR^T fR,
+    // gR^T fI], [gI^T fR, gI^T fI]], then PR = s (q00 + q11), PI = s (q10 - q01) (one rounding each) with s
+    // completing the pair's scale to 1/r2: PR = (gR^T fR + gI^T fI) / r2 in unscaled planes.
+    const at::Tensor gri = gf.narrow(1, 2 * d, 2 * d).t(), fri = xf.narrow(1, 2 * c, 2 * c);
+    const at::Tensor q = gy.scalar_type() == at::kFloat ? at::mm(gri, fri) : at::mm(gri, fri, at::kFloat);
+    const float scale = pair_halved ? 1.41421356237309515f : 1.f;  // (1/2) * r2 = 1/r2
+    err = eq_pair_combine(q.data_ptr<float>(), gp.select(0, 1).data_ptr(), gp.select(0, 2).data_ptr(), d, c, scale,
+                          elem, bf16, stream);
+    TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: pair combine failed: ", cudaGetErrorString(err));
+  }
+  if (needs_b) {
+    gb = at::empty({d}, gy.options());
+    err = eq_column_sums(sums.data_ptr<float>(), gb.data_ptr(), sums.size(0), d, elem, bf16, stream);
+    TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: column sums failed: ", cudaGetErrorString(err));
+  }
+}
+
 // The whole backward in one op (one host call instead of a dozen Python-dispatched ones):
 // grad_y (M, 4d), x (M, 4c), planes (4, d, c) -> (grad_x (M, 4c), grad_planes (4, d, c), grad_bias (d,)),
-// each an empty (0,) tensor when not needed. grad_x: the forward kernel on the adjoint planes
-// (transposed, PI negated), or for fp16 / bf16 with gemm the GEMM form (products_form). Weight:
-// gemm = false: the fused kernel; gemm = true: both group DFTs into column blocks (grad_bias from
-// grad_y's column sums) and three GEMMs (layouts in eq_group_dft.h).
+// each an empty (0,) tensor when not needed. grad_x: grad_x_fused, or for fp16 / bf16 with gemm the
+// GEMM form (products_form). Weight: gemm = false: the fused kernel; gemm = true: both group DFTs into
+// column blocks (grad_bias from grad_y's column sums) and three GEMMs (bwd_from_planes).
 // Workspace of the GEMM form: grad_y's planes (M, 4d) and x's (M, 4c) in their dtype, and for the
 // GEMM-form grad_x an (M, 4c) FP32 buffer of plane products.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& grad_y, const at::Tensor& x,
@@ -409,66 +501,51 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& g
               ", ", c10::toString(x.scalar_type()), ", ", c10::toString(planes.scalar_type()));
   const at::cuda::CUDAGuard guard(grad_y.device());
   const at::Tensor gy = grad_y.contiguous();
-  const int64_t M = x.size(0);
   const auto none = [&] { return at::empty({0}, gy.options()); };
   at::Tensor gx = none(), gp = none(), gb = none();
-  bool gx_gemm = false;  // grad_x from grad_y's planes, below
-  if (needs_x) {
-    const ProductsForm form = products_form();
-    const bool may_gemm = gemm && gy.scalar_type() != at::kFloat && form != ProductsForm::kFused;
-    // (No Hopper kernel to try on other devices or with FLASH_EQLINEAR_SM90=0: no adjoint copy.)
-    gx_gemm =
-        may_gemm && (form == ProductsForm::kGemm || c * d >= kGemmGradXMinCD || !hopper_kernels_may_run(gy));
-    if (!gx_gemm) {
-      // The adjoint planes: a copy, always: for c = 1 or d = 1 the transpose is already contiguous,
-      // and .contiguous() would return a view whose negation changed the caller's planes.
-      at::Tensor adj = planes.transpose(1, 2).clone(at::MemoryFormat::Contiguous);
-      adj.select(0, 2).neg_();
-      if (may_gemm) {
-        check_device_supported(gy);
-        gx = at::empty({M, 4 * c}, gy.options());
-        gx_gemm = !fwd_sm90_16bit(gy, adj, at::Tensor(), gx);
-      } else {
-        gx = eq_linear_fwd(gy, adj, std::nullopt);
-      }
-    }
-  }
+  bool gx_gemm = false;
+  if (needs_x) std::tie(gx, gx_gemm) = grad_x_fused(gy, planes, gemm);
   if (!needs_p && !needs_b && !gx_gemm) return {gx, gp, gb};
   if (!gemm) {
     auto [p, b] = eq_linear_bwd_weight(x, gy);
     return {gx, needs_p ? p : gp, needs_b ? b : gb};
   }
   if (!needs_p && !gx_gemm) return {gx, gp, gy.sum(0, false, at::kFloat).view({d, 4}).sum(1).to(gy.scalar_type())};
-  check_device_supported(gy);
-  const auto [gf, sums] = group_dft(aligned16(gy), false, true, needs_b, "eq_linear_bwd");  // [g0 | g2 | gR | gI]
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const int elem = static_cast<int>(gy.element_size());
-  const bool bf16 = gy.scalar_type() == at::kBFloat16;
-  cudaError_t err = cudaSuccess;
-  if (gx_gemm) {
-    gx = at::empty({M, 4 * c}, gy.options());
-    if (M > 0) fourier_products_into(gf, planes.contiguous(), at::Tensor(), gx, "eq_linear_bwd (grad_x)", true);
-  }
-  if (needs_p) {
-    // [f0/2 | f2/2 | fR/r2 | fI/r2]
-    const at::Tensor xf = std::get<0>(group_dft(aligned16(x.contiguous()), true, true, false, "eq_linear_bwd"));
-    gp = at::empty({4, d, c}, gy.options());
-    // P0 = g0^T f0 / 2 and P2 = g2^T f2 / 2 as one strided-batched GEMM into planes 0 and 3.
-    at::Tensor gp03 = gp.as_strided({2, d, c}, {3 * d * c, c, 1});
-    at::bmm_out(gp03, gf.as_strided({2, d, M}, {d, 1, 4 * d}), xf.as_strided({2, M, c}, {c, 4 * c, 1}));
-    // The complex pair in one FP32 product, q = [gR | gI]^T [fR | fI] / r2 = [[gR^T fR, gR^T fI],
-    // [gI^T fR, gI^T fI]] / r2: PR = gR^T fR + gI^T fI, PI = gI^T fR - gR^T fI (one rounding each).
-    const at::Tensor gri = gf.narrow(1, 2 * d, 2 * d).t(), fri = xf.narrow(1, 2 * c, 2 * c);
-    const at::Tensor q = gy.scalar_type() == at::kFloat ? at::mm(gri, fri) : at::mm(gri, fri, at::kFloat);
-    err = eq_pair_combine(q.data_ptr<float>(), gp.select(0, 1).data_ptr(), gp.select(0, 2).data_ptr(), d, c, elem,
-                          bf16, stream);
-    TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: pair combine failed: ", cudaGetErrorString(err));
-  }
-  if (needs_b) {
-    gb = at::empty({d}, gy.options());
-    err = eq_column_sums(sums.data_ptr<float>(), gb.data_ptr(), sums.size(0), d, elem, bf16, stream);
-    TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: column sums failed: ", cudaGetErrorString(err));
-  }
+  // x's planes [f0/2 | f2/2 | fR/r2 | fI/r2]
+  const auto xf_of = [&] { return std::get<0>(group_dft(aligned16(x.contiguous()), true, true, false, "eq_linear_bwd")); };
+  bwd_from_planes(gy, xf_of, planes, false, gx_gemm, needs_p, needs_b, gx, gp, gb);
+  return {gx, gp, gb};
+}
+
+// The backward of eq_linear_fwd_xf: eq_linear_bwd's GEMM form with x's planes xf (M, 4c) = [f0 | f2 | fR
+// | fI] / 2 as that op returned them, in place of x (no group DFT of x). fp16 / bf16.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd_xf(const at::Tensor& grad_y, const at::Tensor& xf,
+                                                                const at::Tensor& planes, bool needs_x, bool needs_p,
+                                                                bool needs_b) {
+  TORCH_CHECK(planes.dim() == 3 && planes.size(0) == 4,
+              "eq_linear_bwd_xf: planes must have shape (4, d, c), got ", shape(planes.sizes()));
+  const int64_t d = planes.size(1), c = planes.size(2);
+  TORCH_CHECK(xf.dim() == 2 && grad_y.dim() == 2 && xf.size(0) == grad_y.size(0) && xf.size(1) == 4 * c &&
+                  grad_y.size(1) == 4 * d,
+              "eq_linear_bwd_xf: want grad_y (M, ", num(4 * d), "), xf (M, ", num(4 * c), ") for planes ",
+              shape(planes.sizes()), ", got ", shape(grad_y.sizes()), ", ", shape(xf.sizes()));
+  TORCH_CHECK(grad_y.is_cuda() && xf.device() == grad_y.device() && planes.device() == grad_y.device(),
+              "eq_linear_bwd_xf: grad_y, xf and planes must be on one CUDA device, got ", grad_y.device().str(), ", ",
+              xf.device().str(), ", ", planes.device().str());
+  const auto dtype = grad_y.scalar_type();
+  TORCH_CHECK((dtype == at::kHalf || dtype == at::kBFloat16) && xf.scalar_type() == dtype &&
+                  planes.scalar_type() == dtype,
+              "eq_linear_bwd_xf: grad_y, xf and planes must share one dtype, float16 or bfloat16, got ",
+              c10::toString(dtype), ", ", c10::toString(xf.scalar_type()), ", ", c10::toString(planes.scalar_type()));
+  const at::cuda::CUDAGuard guard(grad_y.device());
+  const at::Tensor gy = grad_y.contiguous();
+  const auto none = [&] { return at::empty({0}, gy.options()); };
+  at::Tensor gx = none(), gp = none(), gb = none();
+  bool gx_gemm = false;
+  if (needs_x) std::tie(gx, gx_gemm) = grad_x_fused(gy, planes, true);
+  if (!needs_p && !needs_b && !gx_gemm) return {gx, gp, gb};
+  const auto xf_of = [&] { return xf.contiguous(); };
+  bwd_from_planes(gy, xf_of, planes, true, gx_gemm, needs_p, needs_b, gx, gp, gb);
   return {gx, gp, gb};
 }
 
@@ -480,6 +557,9 @@ TORCH_LIBRARY(flash_eqlinear, m) {
   m.def("eq_group_dft(Tensor t, bool input, bool sum) -> (Tensor, Tensor)");
   m.def("eq_linear_bwd(Tensor grad_y, Tensor x, Tensor planes, bool needs_x, bool needs_p, bool needs_b, "
         "bool gemm) -> (Tensor, Tensor, Tensor)");
+  m.def("eq_linear_fwd_xf(Tensor x, Tensor planes, Tensor? bias) -> (Tensor, Tensor)");
+  m.def("eq_linear_bwd_xf(Tensor grad_y, Tensor xf, Tensor planes, bool needs_x, bool needs_p, bool needs_b) "
+        "-> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
@@ -487,6 +567,8 @@ TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
   m.impl("eq_linear_bwd_weight", &eq_linear_bwd_weight);
   m.impl("eq_group_dft", &eq_group_dft_op);
   m.impl("eq_linear_bwd", &eq_linear_bwd);
+  m.impl("eq_linear_fwd_xf", &eq_linear_fwd_xf);
+  m.impl("eq_linear_bwd_xf", &eq_linear_bwd_xf);
 }
 
 }  // namespace flash_eqlinear

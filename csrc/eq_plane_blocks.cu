@@ -38,14 +38,14 @@ __global__ void __launch_bounds__(256) complex_block_kernel(const U* __restrict_
 
 template <class T>
 __global__ void __launch_bounds__(256) pair_combine_kernel(const float* __restrict__ q, T* __restrict__ pr,
-                                                           T* __restrict__ pi, int64_t d, int64_t c) {
+                                                           T* __restrict__ pi, int64_t d, int64_t c, float s) {
   const int64_t total = d * c, stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
     const int64_t o = e / c, i = e - o * c;
     const float* top = q + o * 2 * c;
     const float* bottom = q + (d + o) * 2 * c;
-    pr[e] = from_float<T>(top[i] + bottom[c + i]);
-    pi[e] = from_float<T>(bottom[i] - top[c + i]);
+    pr[e] = from_float<T>(s * (top[i] + bottom[c + i]));
+    pi[e] = from_float<T>(s * (bottom[i] - top[c + i]));
   }
 }
 
@@ -61,8 +61,8 @@ __global__ void __launch_bounds__(256) column_sums_kernel(const float* __restric
 }
 
 template <class T>
-cudaError_t pair_combine(const float* q, void* pr, void* pi, int64_t d, int64_t c, cudaStream_t stream) {
-  pair_combine_kernel<T><<<blocks_for(d * c), 256, 0, stream>>>(q, static_cast<T*>(pr), static_cast<T*>(pi), d, c);
+cudaError_t pair_combine(const float* q, void* pr, void* pi, int64_t d, int64_t c, float s, cudaStream_t stream) {
+  pair_combine_kernel<T><<<blocks_for(d * c), 256, 0, stream>>>(q, static_cast<T*>(pr), static_cast<T*>(pi), d, c, s);
   return cudaGetLastError();
 }
 
@@ -87,11 +87,12 @@ cudaError_t eq_complex_block(const void* planes, void* out, int64_t d, int64_t c
   return cudaGetLastError();
 }
 
-cudaError_t eq_pair_combine(const float* q, void* pr, void* pi, int64_t d, int64_t c, int elem_bytes, bool bf16,
-                            cudaStream_t stream) {
+cudaError_t eq_pair_combine(const float* q, void* pr, void* pi, int64_t d, int64_t c, float s, int elem_bytes,
+                            bool bf16, cudaStream_t stream) {
   if (d < 1 || c < 1 || q == nullptr || pr == nullptr || pi == nullptr) return cudaErrorInvalidValue;
-  if (elem_bytes == 4) return pair_combine<float>(q, pr, pi, d, c, stream);
-  return bf16 ? pair_combine<__nv_bfloat16>(q, pr, pi, d, c, stream) : pair_combine<__half>(q, pr, pi, d, c, stream);
+  if (elem_bytes == 4) return pair_combine<float>(q, pr, pi, d, c, s, stream);
+  return bf16 ? pair_combine<__nv_bfloat16>(q, pr, pi, d, c, s, stream)
+              : pair_combine<__half>(q, pr, pi, d, c, s, stream);
 }
 
 cudaError_t eq_column_sums(const float* sums, void* out, int64_t chunks, int64_t n, int elem_bytes, bool bf16,

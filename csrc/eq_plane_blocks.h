@@ -15,10 +15,11 @@ namespace flash_eqlinear {
 cudaError_t eq_complex_block(const void* planes, void* out, int64_t d, int64_t c, int elem_bytes,
                              cudaStream_t stream);
 
-// q (2d, 2c) FP32 = [[q00, q01], [q10, q11]] -> pr = q00 + q11, pi = q10 - q01, each (d, c), rounded
-// once to the element type: the weight gradient's complex pair from its one FP32 product.
-cudaError_t eq_pair_combine(const float* q, void* pr, void* pi, int64_t d, int64_t c, int elem_bytes, bool bf16,
-                            cudaStream_t stream);
+// q (2d, 2c) FP32 = [[q00, q01], [q10, q11]] -> pr = s (q00 + q11), pi = s (q10 - q01), each (d, c),
+// rounded once to the element type: the weight gradient's complex pair from its one FP32 product (s:
+// the scale its operands' layout leaves out).
+cudaError_t eq_pair_combine(const float* q, void* pr, void* pi, int64_t d, int64_t c, float s, int elem_bytes,
+                            bool bf16, cudaStream_t stream);
 
 // sums (chunks, n) FP32 -> out (n,) = the chunks summed in order (deterministic), rounded once to the
 // element type: grad_bias from the group DFT's per-chunk column sums.

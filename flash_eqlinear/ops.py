@@ -178,20 +178,26 @@ if kernels_available():
         ctx.has_bias = bias is not None
         ctx.save_for_backward(x, planes)
 
+    def _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b):
+        """create_graph=True (double backward, gradient penalties, Hessian-vector products): gradients
+        that are themselves differentiable. grad_x through the forward op on the adjoint planes (its
+        own backward is registered), the weight gradients by stock ops in x's dtype, returned in the
+        planes' dtype."""
+        gx = None
+        if needs_x:
+            adj = reference.adjoint_planes(planes).contiguous()
+            gx = torch.ops.flash_eqlinear.eq_linear_fwd(grad_y.contiguous(), adj, None)
+        _, gp, gb = reference.fourier_eq_linear_backward(
+            grad_y.to(x.dtype), x, planes.to(x.dtype), (False, needs_p, needs_b)
+        )
+        return gx, *(None if t is None else t.to(planes.dtype) for t in (gp, gb))
+
     def _backward(ctx, grad_y):
         x, planes = ctx.saved_tensors
         needs_x, needs_p = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         needs_b = ctx.has_bias and ctx.needs_input_grad[2]
         if torch.is_grad_enabled():
-            # create_graph=True (double backward, gradient penalties, Hessian-vector products): the
-            # gradients must themselves be differentiable. grad_x through the forward op on the
-            # adjoint planes (its own backward is registered), the weight gradients by stock ops.
-            gx = None
-            if needs_x:
-                adj = reference.adjoint_planes(planes).contiguous()
-                gx = torch.ops.flash_eqlinear.eq_linear_fwd(grad_y.contiguous(), adj, None)
-            _, gp, gb = reference.fourier_eq_linear_backward(grad_y, x, planes, (False, needs_p, needs_b))
-            return gx, gp, gb
+            return _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b)
         mode = weight_grad_mode(planes.shape[2], planes.shape[1], x.dtype)
         ref = mode == "reference" and (needs_p or needs_b)
         # One op for the rest (grad_x: the forward kernel on the adjoint planes; the weight: the fused
@@ -204,6 +210,87 @@ if kernels_available():
         return gx if needs_x else None, gp if needs_p else None, gb if needs_b else None
 
     torch.library.register_autograd("flash_eqlinear::eq_linear_fwd", _backward, setup_context=_setup_context)
+
+    # ---- The training forward that keeps x's Fourier planes (eq_linear_fwd_xf) ----
+    @torch.library.register_fake("flash_eqlinear::eq_linear_fwd_xf")
+    def _eq_linear_fwd_xf_fake(x, planes, bias):
+        y = _eq_linear_fwd_fake(x, planes, bias)
+        torch._check(x.dtype != torch.float32, lambda: "eq_linear_fwd_xf: dtype must be float16 or bfloat16")
+        return y, x.new_empty(x.shape)
+
+    @torch.library.register_fake("flash_eqlinear::eq_linear_bwd_xf")
+    def _eq_linear_bwd_xf_fake(grad_y, xf, planes, needs_x, needs_p, needs_b):
+        return _eq_linear_bwd_fake(grad_y, xf, planes, needs_x, needs_p, needs_b, True)
+
+    def _setup_context_xf(ctx, inputs, output):
+        _, planes, bias = inputs
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(output[1], planes)  # x's planes instead of x: same size
+        ctx.set_materialize_grads(False)  # xf's gradient stays None unless a double backward reaches it
+
+    def _backward_xf(ctx, grad_y, grad_xf):
+        xf, planes = ctx.saved_tensors
+        needs_x, needs_p = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        needs_b = ctx.has_bias and ctx.needs_input_grad[2]
+        gx = gp = gb = None
+        if grad_y is not None and torch.is_grad_enabled():
+            # x rebuilt from its saved planes by stock ops: differentiable through xf (this op's output)
+            # back to x, by the grad_xf term below. Weight gradients in FP32, rounded once.
+            x32 = x_from_halved_planes(xf)
+            gx, gp, gb = _differentiable_grads(grad_y, x32, planes, needs_x, needs_p, needs_b)
+        elif grad_y is not None:
+            op = torch.ops.flash_eqlinear.eq_linear_bwd_xf
+            gx, gp, gb = op(grad_y, xf, planes, needs_x, needs_p, needs_b)
+        if grad_xf is not None and needs_x:
+            gxf = halved_planes_adjoint(grad_xf).to(xf.dtype)
+            gx = gxf if gx is None else gx + gxf
+        return gx if needs_x else None, gp if needs_p else None, gb if needs_b else None
+
+    torch.library.register_autograd(
+        "flash_eqlinear::eq_linear_fwd_xf", _backward_xf, setup_context=_setup_context_xf
+    )
+
+
+def x_from_halved_planes(xf: torch.Tensor) -> torch.Tensor:
+    """x (M, 4c) interleaved, in FP32, from its Fourier planes as eq_linear_fwd_xf returns them: column
+    blocks xf (M, 4c) = [f0 | f2 | fR | fI] / 2 with f0 = x0+x1+x2+x3, f2 = x0-x1+x2-x3, fR = x0-x2,
+    fI = x3-x1 (the inverse of that map; exact up to the rounding of xf)."""
+    h0, h2, hr, hi = xf.float().unflatten(1, (4, -1)).unbind(1)
+    s, t = (h0 + h2) * 0.5, (h0 - h2) * 0.5
+    return torch.stack([s + hr, t - hi, s - hr, t + hi], dim=-1).flatten(1)
+
+
+def halved_planes_adjoint(g: torch.Tensor) -> torch.Tensor:
+    """The adjoint (transpose) of x -> [f0 | f2 | fR | fI] / 2 (:func:`x_from_halved_planes`' inverse):
+    a gradient (M, 4c) with respect to the planes -> one (M, 4c) with respect to x, in FP32."""
+    g0, g2, gr, gi = g.float().unflatten(1, (4, -1)).unbind(1)
+    s, t = (g0 + g2) * 0.5, (g0 - g2) * 0.5
+    return torch.stack([s + 0.5 * gr, t - 0.5 * gi, s - 0.5 * gr, t + 0.5 * gi], dim=-1).flatten(1)
+
+
+@torch.compiler.assume_constant_result
+def _gemm_training_forward(dtype: torch.dtype, c: int, d: int, device_index: int) -> bool:
+    """Whether a training forward of an fp16 / bf16 layer with planes (4, d, c) on this CUDA device takes
+    eq_linear_fwd_xf: where the forward's GEMM form runs anyway (the C++ rule, eq_linear_fwd:
+    FLASH_EQLINEAR_PRODUCTS, c * d >= 2^18 without a Hopper kernel) and on Hopper GPUs from c * d >= 2^22,
+    where the GEMM form ties the Hopper kernel (H100, c = d = 2048: 3.46 vs 3.44 ms) and keeping x's
+    planes saves the backward its group DFT of x (0.39 ms). Only with the GEMM weight gradient, which
+    uses the planes. FLASH_EQLINEAR_KEEP_PLANES=0 turns it off. (Read when called; under torch.compile,
+    when traced.)"""
+    if os.environ.get("FLASH_EQLINEAR_KEEP_PLANES", "1").strip() == "0":
+        return False
+    if dtype not in (torch.float16, torch.bfloat16) or weight_grad_mode(c, d, dtype) != "gemm":
+        return False
+    form = os.environ.get("FLASH_EQLINEAR_PRODUCTS", "auto")
+    if form in ("fused", "gemm"):
+        return form == "gemm"
+    hopper = (
+        os.environ.get("FLASH_EQLINEAR_SM90", "1") != "0"
+        and torch.cuda.get_device_capability(device_index)[0] == 9
+        and c % 8 == 0
+        and d % 2 == 0
+    )
+    return c * d >= (2**22 if hopper else 2**18)
 
 
 def autocast_inputs(x, weight, bias):
@@ -247,5 +334,12 @@ def flash_eq_linear(x, weight, bias=None, group_size: int = 4) -> torch.Tensor:
     x2 = x.reshape(-1, c * T)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
-    y = torch.ops.flash_eqlinear.eq_linear_fwd(x2, weight.contiguous(), bias)
+    if (
+        torch.is_grad_enabled()
+        and weight.requires_grad
+        and _gemm_training_forward(x2.dtype, c, d, x2.device.index)
+    ):
+        y, _ = torch.ops.flash_eqlinear.eq_linear_fwd_xf(x2, weight.contiguous(), bias)
+    else:
+        y = torch.ops.flash_eqlinear.eq_linear_fwd(x2, weight.contiguous(), bias)
     return y.reshape(*lead, d * T)

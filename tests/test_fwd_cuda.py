@@ -734,3 +734,133 @@ def test_fused_weight_grad_in_autograd():
     for dt in DTYPES:
         op = torch.ops.flash_eqlinear.eq_linear_bwd_weight.default
         torch.library.opcheck(op, (x[:37].to(dt), g[:37].to(dt)))
+
+
+@pytest.mark.parametrize("sm90", [True, False], ids=["sm90", "portable"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "M, c, d, rule",
+    [(300, 512, 520, "auto"), (33, 2048, 2048, "auto"), (257, 59, 48, "gemm"), (0, 8, 8, "gemm")],
+)
+def test_training_forward_keeps_planes(M, c, d, rule, dtype, sm90, monkeypatch):
+    # fp16 / bf16 training forwards that take the GEMM form (by default where the Hopper kernel does not
+    # run from c * d >= 2^18, and on Hopper from 2^22; always with FLASH_EQLINEAR_PRODUCTS=gemm) keep
+    # x's Fourier planes instead of x, and the backward makes no group DFT of x. The output equals the
+    # GEMM-form forward's; all three gradients within 2x F.linear's error against float64.
+    from flash_eqlinear import ops
+
+    monkeypatch.setattr(ops, "WEIGHT_GRAD", "gemm")
+    monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1" if sm90 else "0")
+    if rule == "auto":
+        monkeypatch.delenv("FLASH_EQLINEAR_PRODUCTS", raising=False)
+    else:
+        monkeypatch.setenv("FLASH_EQLINEAR_PRODUCTS", rule)
+    hopper = sm90 and torch.cuda.get_device_capability()[0] == 9
+    keeps = rule == "gemm" or c * d >= (2**22 if hopper else 2**18)
+    x, planes, b = make(M, c, d, dtype, seed=M + c + d)
+    g = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
+    leaves = [t.detach().clone().requires_grad_() for t in (x, planes, b)]
+    y = fe.flash_eq_linear(*leaves)
+    if keeps:  # the GEMM form's output
+        with monkeypatch.context() as m:
+            m.setenv("FLASH_EQLINEAR_PRODUCTS", "gemm")
+            assert torch.equal(y, torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b))
+    names = launched_kernels(lambda: y.backward(g))
+    if M > 0:
+        assert any("group_dft_kernel" in n and ", true>" in n for n in names) != keeps, names
+    wants = fp64_grads(x, planes, b, g)
+    lin, lin64 = linear_grads(x, planes, b, g, dtype), linear_grads(x, planes, b, g, torch.float64)
+    for k, (got, want) in enumerate(zip([t.grad for t in leaves], wants, strict=True)):
+        if M == 0:
+            assert got.shape == want.shape and not got.abs().sum(), k
+            continue
+        tol = 2 * max(rel_l2(lin[k], lin64[k]), ROUNDOFF[dtype] / 8)
+        assert got.dtype == dtype and rel_l2(got, want) <= tol, (k, rel_l2(got, want), tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_kept_planes_ops(dtype, monkeypatch):
+    # eq_linear_fwd_xf / eq_linear_bwd_xf: opcheck (fake, autograd registration), the planes' layout
+    # ([f0 | f2 | fR | fI] / 2 column blocks), and clear errors.
+    from flash_eqlinear.ops import x_from_halved_planes
+
+    x, planes, b = make(37, 24, 16, dtype)
+    gy = torch.randn(37, 4 * 16, device=DEV, dtype=dtype)
+    fwd, bwd = torch.ops.flash_eqlinear.eq_linear_fwd_xf, torch.ops.flash_eqlinear.eq_linear_bwd_xf
+    y, xf = fwd(x, planes, b)
+    assert rel_l2(x_from_halved_planes(xf), x) < 2 * ROUNDOFF[dtype]
+    torch.library.opcheck(fwd.default, (x, planes, b))
+    torch.library.opcheck(fwd.default, tuple(t.detach().clone().requires_grad_() for t in (x, planes, b)))
+    torch.library.opcheck(bwd.default, (gy, xf, planes, True, True, True))
+    want = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double())
+    for got, w in zip(bwd(gy, xf, planes, True, True, True), want, strict=True):
+        assert rel_l2(got, w) < 4 * ROUNDOFF[dtype]
+    with pytest.raises(RuntimeError, match="float16 or bfloat16"):
+        fwd(x.float(), planes.float(), b.float())
+    with pytest.raises(RuntimeError, match="eq_linear_bwd_xf: want grad_y"):
+        bwd(gy[:, :-4], xf, planes, True, True, True)
+    with pytest.raises(RuntimeError, match="features"):
+        fwd(x[:, :-4], planes, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_kept_planes_double_backward(dtype, monkeypatch):
+    # create_graph=True through the planes-keeping forward: x is rebuilt from its planes by stock ops
+    # and second derivatives reach x through the planes' own gradient. Against float64, no worse than
+    # twice the x-saving path's error.
+    from flash_eqlinear import ops
+
+    monkeypatch.setattr(ops, "WEIGHT_GRAD", "gemm")
+    monkeypatch.setenv("FLASH_EQLINEAR_PRODUCTS", "gemm")
+    x, planes, b = make(129, 48, 40, dtype, seed=5)
+    gy = torch.randn(129, 4 * 40, device=DEV)
+
+    def second_order(x, planes, b, fn):
+        x, planes, b = (t.detach().requires_grad_() for t in (x, planes, b))
+        gx, gp, gb = torch.autograd.grad(
+            (fn(x, planes, b) * gy.to(x.dtype)).sum(), (x, planes, b), create_graph=True
+        )
+        penalty = gx.float().square().sum() + gp.float().square().sum()
+        penalty = penalty + gp.float().sum() * x.float().sum() + gx.float().sum() * b.float().sum()
+        return torch.autograd.grad(penalty, (x, planes, b), allow_unused=True, materialize_grads=True)
+
+    flash = lambda x, p, b: fe.flash_eq_linear(x, p, b, 4)  # noqa: E731
+    kept = second_order(x, planes, b, flash)
+    monkeypatch.setenv("FLASH_EQLINEAR_KEEP_PLANES", "0")
+    saved = second_order(x, planes, b, flash)
+    ref = second_order(
+        x.double(), planes.double(), b.double(), lambda x, p, b: reference.fourier_eq_linear(x, p, b, 4)
+    )
+    for a, s, r, name in zip(kept, saved, ref, ("x", "planes", "bias"), strict=True):
+        assert a.dtype == dtype and rel_l2(a, r) <= 2 * max(rel_l2(s, r), ROUNDOFF[dtype]), name
+
+
+def test_kept_planes_compiled_training_step(monkeypatch):
+    # torch.compile of a bf16 training step through the planes-keeping forward matches eager.
+    from flash_eqlinear import ops
+
+    monkeypatch.setattr(ops, "WEIGHT_GRAD", "gemm")
+    monkeypatch.setenv("FLASH_EQLINEAR_PRODUCTS", "gemm")
+    torch.manual_seed(0)
+    layers = [fe.FlashEQLinear(256, 512), torch.nn.GELU(), fe.FlashEQLinear(512, 128)]
+    eager = torch.nn.Sequential(*layers).to(DEV, torch.bfloat16)
+    compiled_model = copy.deepcopy(eager)
+    x = torch.randn(64, 256, device=DEV, dtype=torch.bfloat16)
+
+    def step(model, opt):
+        loss = model(x).float().square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, compiled_model)]
+    compiled_step = torch.compile(step, fullgraph=False)
+    names = launched_kernels(lambda: step(eager, opts[0]))
+    assert not any("group_dft_kernel" in n and ", true>" in n for n in names)  # x's planes were kept
+    compiled_step(compiled_model, opts[1])
+    for _ in range(2):
+        le, lc = step(eager, opts[0]), compiled_step(compiled_model, opts[1])
+        assert torch.allclose(le, lc, rtol=1e-2)
+    for pe, pc in zip(eager.parameters(), compiled_model.parameters(), strict=True):
+        assert rel_l2(pc, pe) < 1e-2
