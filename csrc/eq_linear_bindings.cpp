@@ -332,14 +332,14 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
   return y;
 }
 
-// The training forward of the GEMM form (fp16 / bf16): y as eq_linear_fwd's GEMM form computes it, and
-// x's Fourier planes xf (M, 4c) = [f0 | f2 | fR | fI] / 2 (column blocks, eq_group_dft.h), which that
-// form makes anyway, for the backward to keep instead of x (same size): eq_linear_bwd_xf then needs no
-// group DFT of x. The caller decides when the GEMM form is the one to take (flash_eqlinear.ops).
+// The training forward of the GEMM form: y as eq_linear_fwd's GEMM form computes it (fp16 / bf16, or
+// FP32 with the GEMMs as PyTorch's TF32 switch says), and x's Fourier planes xf (M, 4c) = [f0 | f2 | fR |
+// fI] / 2 (column blocks, eq_group_dft.h), which that form makes anyway, for the backward to keep
+// instead of x (same size): eq_linear_bwd_xf then needs no group DFT of x. The caller decides when the
+// GEMM form is the one to take (flash_eqlinear.ops).
 std::tuple<at::Tensor, at::Tensor> eq_linear_fwd_xf(const at::Tensor& x, const at::Tensor& planes,
                                                     const std::optional<at::Tensor>& bias) {
   const at::Tensor b = checked_fwd_args(x, planes, bias, "eq_linear_fwd_xf");
-  TORCH_CHECK(x.scalar_type() != at::kFloat, "eq_linear_fwd_xf: dtype must be float16 or bfloat16, got float32");
   const int64_t M = x.size(0), d = planes.size(1);
   const at::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty({M, 4 * d}, x.options());
@@ -518,7 +518,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& g
 }
 
 // The backward of eq_linear_fwd_xf: eq_linear_bwd's GEMM form with x's planes xf (M, 4c) = [f0 | f2 | fR
-// | fI] / 2 as that op returned them, in place of x (no group DFT of x). fp16 / bf16.
+// | fI] / 2 as that op returned them, in place of x (no group DFT of x).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd_xf(const at::Tensor& grad_y, const at::Tensor& xf,
                                                                 const at::Tensor& planes, bool needs_x, bool needs_p,
                                                                 bool needs_b) {
@@ -533,9 +533,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd_xf(const at::Tensor
               "eq_linear_bwd_xf: grad_y, xf and planes must be on one CUDA device, got ", grad_y.device().str(), ", ",
               xf.device().str(), ", ", planes.device().str());
   const auto dtype = grad_y.scalar_type();
-  TORCH_CHECK((dtype == at::kHalf || dtype == at::kBFloat16) && xf.scalar_type() == dtype &&
+  TORCH_CHECK((dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16) && xf.scalar_type() == dtype &&
                   planes.scalar_type() == dtype,
-              "eq_linear_bwd_xf: grad_y, xf and planes must share one dtype, float16 or bfloat16, got ",
+              "eq_linear_bwd_xf: grad_y, xf and planes must share one dtype (float32, float16 or bfloat16), got ",
               c10::toString(dtype), ", ", c10::toString(xf.scalar_type()), ", ", c10::toString(planes.scalar_type()));
   const at::cuda::CUDAGuard guard(grad_y.device());
   const at::Tensor gy = grad_y.contiguous();

@@ -214,9 +214,7 @@ if kernels_available():
     # ---- The training forward that keeps x's Fourier planes (eq_linear_fwd_xf) ----
     @torch.library.register_fake("flash_eqlinear::eq_linear_fwd_xf")
     def _eq_linear_fwd_xf_fake(x, planes, bias):
-        y = _eq_linear_fwd_fake(x, planes, bias)
-        torch._check(x.dtype != torch.float32, lambda: "eq_linear_fwd_xf: dtype must be float16 or bfloat16")
-        return y, x.new_empty(x.shape)
+        return _eq_linear_fwd_fake(x, planes, bias), x.new_empty(x.shape)
 
     @torch.library.register_fake("flash_eqlinear::eq_linear_bwd_xf")
     def _eq_linear_bwd_xf_fake(grad_y, xf, planes, needs_x, needs_p, needs_b):
@@ -270,27 +268,28 @@ def halved_planes_adjoint(g: torch.Tensor) -> torch.Tensor:
 
 @torch.compiler.assume_constant_result
 def _gemm_training_forward(dtype: torch.dtype, c: int, d: int, device_index: int) -> bool:
-    """Whether a training forward of an fp16 / bf16 layer with planes (4, d, c) on this CUDA device takes
-    eq_linear_fwd_xf: where the forward's GEMM form runs anyway (the C++ rule, eq_linear_fwd:
-    FLASH_EQLINEAR_PRODUCTS, c * d >= 2^18 without a Hopper kernel) and on Hopper GPUs from c * d >= 2^22,
-    where the GEMM form ties the Hopper kernel (H100, c = d = 2048: 3.46 vs 3.44 ms) and keeping x's
-    planes saves the backward its group DFT of x (0.39 ms). Only with the GEMM weight gradient, which
-    uses the planes. FLASH_EQLINEAR_KEEP_PLANES=0 turns it off. (Read when called; under torch.compile,
-    when traced.)"""
-    if os.environ.get("FLASH_EQLINEAR_KEEP_PLANES", "1").strip() == "0":
+    """Whether a training forward of a layer with planes (4, d, c) on this CUDA device takes
+    eq_linear_fwd_xf: where the forward's GEMM form runs anyway (the C++ rule, eq_linear_fwd) and the
+    weight gradient takes the GEMM form too (it uses the planes). fp16 / bf16: FLASH_EQLINEAR_PRODUCTS,
+    else c * d >= 2^18 without a Hopper kernel, and on Hopper GPUs from c * d >= 2^22, where the GEMM
+    form ties the Hopper kernel (H100, c = d = 2048: 3.46 vs 3.44 ms) and keeping x's planes saves the
+    backward its group DFT of x (0.39 ms). FP32 with TF32 allowed: the DFT + cuBLAS forward, i.e. c * d
+    >= 2^19 on Hopper, else always (here from c * d >= 2^17: large layers only).
+    FLASH_EQLINEAR_KEEP_PLANES=0 turns it off. (Read when called; under torch.compile, when traced.)"""
+    env = os.environ.get
+    if env("FLASH_EQLINEAR_KEEP_PLANES", "1").strip() == "0" or weight_grad_mode(c, d, dtype) != "gemm":
         return False
-    if dtype not in (torch.float16, torch.bfloat16) or weight_grad_mode(c, d, dtype) != "gemm":
-        return False
-    form = os.environ.get("FLASH_EQLINEAR_PRODUCTS", "auto")
+    sm90 = env("FLASH_EQLINEAR_SM90", "1") != "0" and torch.cuda.get_device_capability(device_index)[0] == 9
+    if dtype == torch.float32:
+        if not torch.backends.cuda.matmul.allow_tf32 or env("FLASH_EQLINEAR_FP32") == "3xtf32":
+            return False
+        return c * d >= 2**17 and (not (sm90 and c % 4 == 0 and d % 2 == 0) or c * d >= 2**19)
+    if max(c, d) <= 32 and env("FLASH_EQLINEAR_NARROW") != "0":
+        return False  # the narrow kernel's layers
+    form = env("FLASH_EQLINEAR_PRODUCTS", "auto")
     if form in ("fused", "gemm"):
         return form == "gemm"
-    hopper = (
-        os.environ.get("FLASH_EQLINEAR_SM90", "1") != "0"
-        and torch.cuda.get_device_capability(device_index)[0] == 9
-        and c % 8 == 0
-        and d % 2 == 0
-    )
-    return c * d >= (2**22 if hopper else 2**18)
+    return c * d >= (2**22 if sm90 and c % 8 == 0 and d % 2 == 0 else 2**18)
 
 
 def autocast_inputs(x, weight, bias):

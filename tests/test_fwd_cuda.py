@@ -740,7 +740,7 @@ def test_fused_weight_grad_in_autograd():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(
     "M, c, d, rule",
-    [(300, 512, 520, "auto"), (33, 2048, 2048, "auto"), (257, 59, 48, "gemm"), (0, 8, 8, "gemm")],
+    [(300, 512, 520, "auto"), (33, 2048, 2048, "auto"), (257, 59, 48, "gemm"), (0, 40, 8, "gemm")],
 )
 def test_training_forward_keeps_planes(M, c, d, rule, dtype, sm90, monkeypatch):
     # fp16 / bf16 training forwards that take the GEMM form (by default where the Hopper kernel does not
@@ -795,12 +795,33 @@ def test_kept_planes_ops(dtype, monkeypatch):
     want = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double())
     for got, w in zip(bwd(gy, xf, planes, True, True, True), want, strict=True):
         assert rel_l2(got, w) < 4 * ROUNDOFF[dtype]
-    with pytest.raises(RuntimeError, match="float16 or bfloat16"):
-        fwd(x.float(), planes.float(), b.float())
+    with pytest.raises(RuntimeError, match="dtype"):
+        fwd(x, planes.float(), b)
     with pytest.raises(RuntimeError, match="eq_linear_bwd_xf: want grad_y"):
         bwd(gy[:, :-4], xf, planes, True, True, True)
     with pytest.raises(RuntimeError, match="features"):
         fwd(x[:, :-4], planes, b)
+
+
+@pytest.mark.parametrize("sm90", [True, False], ids=["sm90", "portable"])
+@pytest.mark.parametrize("M, c, d", [(300, 520, 260), (100, 1024, 512)])
+def test_tf32_training_forward_keeps_planes(M, c, d, sm90, allow_tf32, monkeypatch):
+    # FP32 with TF32 allowed: training forwards that take the DFT + cuBLAS form (c * d >= 2^19 on
+    # Hopper, else from 2^17) keep x's planes too; each gradient within 2x of F.linear's TF32 error.
+    if not sm90:
+        monkeypatch.setenv("FLASH_EQLINEAR_SM90", "0")
+    keeps = not (sm90 and torch.cuda.get_device_capability()[0] == 9) or c * d >= 2**19
+    x, planes, b = make(M, c, d, torch.float32, seed=M + c)
+    g = torch.randn(M, 4 * d, device=DEV)
+    leaves = [t.detach().clone().requires_grad_() for t in (x, planes, b)]
+    y = fe.flash_eq_linear(*leaves)
+    names = launched_kernels(lambda: y.backward(g))
+    assert any("group_dft_kernel" in n and ", true>" in n for n in names) != keeps, names
+    wants, lin = fp64_grads(x, planes, b, g), linear_grads(x, planes, b, g, torch.float32)
+    lin64 = linear_grads(x, planes, b, g, torch.float64)
+    for k, (got, want) in enumerate(zip([t.grad for t in leaves], wants, strict=True)):
+        tol = 2 * max(rel_l2(lin[k], lin64[k]), 2.0**-11)
+        assert got.dtype == torch.float32 and rel_l2(got, want) <= tol, (k, rel_l2(got, want), tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
