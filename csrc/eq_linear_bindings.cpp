@@ -436,11 +436,10 @@ std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor&
 
 // The GEMM form of the backward from grad_y (M, 4d, contiguous): grad_y's group DFT into column blocks
 // [g0 | g2 | gR | gI] (with grad_bias from its column sums), grad_x from them when gx_gemm, and
-// grad_planes from x's planes xf() (M, 4c), called only when needs_p: column blocks [f0/2 | f2/2 |
-// pair] with the complex pair [fR | fI] scaled by 1/r2 (group_dft's x layout) or, with pair_halved,
-// by 1/2 (the forward's GEMM form). Not-needed outputs stay as passed in.
-template <class XfFn>
-void bwd_from_planes(const at::Tensor& gy, XfFn xf_of, const at::Tensor& planes, bool pair_halved, bool gx_gemm,
+// grad_planes from x's planes: with kept, t holds them as eq_linear_fwd_xf returned them ([f0 | f2 | fR
+// | fI] / 2), else t is x and they are made here ([f0/2 | f2/2 | fR/r2 | fI/r2], group_dft's x layout;
+// only when needs_p). Not-needed outputs stay as passed in.
+void bwd_from_planes(const at::Tensor& gy, const at::Tensor& t, bool kept, const at::Tensor& planes, bool gx_gemm,
                      bool needs_p, bool needs_b, at::Tensor& gx, at::Tensor& gp, at::Tensor& gb) {
   const int64_t M = gy.size(0), d = planes.size(1), c = planes.size(2);
   check_device_supported(gy);
@@ -454,7 +453,8 @@ void bwd_from_planes(const at::Tensor& gy, XfFn xf_of, const at::Tensor& planes,
     if (M > 0) fourier_products_into(gf, planes.contiguous(), at::Tensor(), gx, "eq_linear_bwd (grad_x)", true);
   }
   if (needs_p) {
-    const at::Tensor xf = xf_of();
+    const at::Tensor xf = kept ? t.contiguous()
+                               : std::get<0>(group_dft(aligned16(t.contiguous()), true, true, false, "eq_linear_bwd"));
     gp = at::empty({4, d, c}, gy.options());
     // P0 = g0^T f0 / 2 and P2 = g2^T f2 / 2 as one strided-batched GEMM into planes 0 and 3.
     at::Tensor gp03 = gp.as_strided({2, d, c}, {3 * d * c, c, 1});
@@ -464,7 +464,7 @@ void bwd_from_planes(const at::Tensor& gy, XfFn xf_of, const at::Tensor& planes,
     // completing the pair's scale to 1/r2: PR = (gR^T fR + gI^T fI) / r2 in unscaled planes.
     const at::Tensor gri = gf.narrow(1, 2 * d, 2 * d).t(), fri = xf.narrow(1, 2 * c, 2 * c);
     const at::Tensor q = gy.scalar_type() == at::kFloat ? at::mm(gri, fri) : at::mm(gri, fri, at::kFloat);
-    const float scale = pair_halved ? 1.41421356237309515f : 1.f;  // (1/2) * r2 = 1/r2
+    const float scale = kept ? 1.41421356237309515f : 1.f;  // (1/2) * r2 = 1/r2
     err = eq_pair_combine(q.data_ptr<float>(), gp.select(0, 1).data_ptr(), gp.select(0, 2).data_ptr(), d, c, scale,
                           elem, bf16, stream);
     TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: pair combine failed: ", cudaGetErrorString(err));
@@ -474,6 +474,49 @@ void bwd_from_planes(const at::Tensor& gy, XfFn xf_of, const at::Tensor& planes,
     err = eq_column_sums(sums.data_ptr<float>(), gb.data_ptr(), sums.size(0), d, elem, bf16, stream);
     TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: column sums failed: ", cudaGetErrorString(err));
   }
+}
+
+// The backward ops' argument checks: grad_y (M, 4d), t (M, 4c) (x or its planes, named tname) and planes
+// (4, d, c), on one CUDA device, of one dtype among float32, float16, bfloat16; `what` names the op.
+void check_bwd_args(const at::Tensor& grad_y, const at::Tensor& t, const at::Tensor& planes, const char* what,
+                    const char* tname) {
+  const std::string op = what;
+  TORCH_CHECK(planes.dim() == 3 && planes.size(0) == 4, op, ": planes must have shape (4, d, c), got ",
+              shape(planes.sizes()));
+  const int64_t d = planes.size(1), c = planes.size(2);
+  TORCH_CHECK(t.dim() == 2 && grad_y.dim() == 2 && t.size(0) == grad_y.size(0) && t.size(1) == 4 * c &&
+                  grad_y.size(1) == 4 * d,
+              op, ": want grad_y (M, ", num(4 * d), "), ", tname, " (M, ", num(4 * c), ") for planes ",
+              shape(planes.sizes()), ", got ", shape(grad_y.sizes()), ", ", shape(t.sizes()));
+  TORCH_CHECK(grad_y.is_cuda() && t.device() == grad_y.device() && planes.device() == grad_y.device(), op,
+              ": grad_y, ", tname, " and planes must be on one CUDA device, got ", grad_y.device().str(), ", ",
+              t.device().str(), ", ", planes.device().str());
+  const auto dtype = grad_y.scalar_type();
+  TORCH_CHECK((dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16) && t.scalar_type() == dtype &&
+                  planes.scalar_type() == dtype,
+              op, ": grad_y, ", tname, " and planes must share one dtype (float32, float16 or bfloat16), got ",
+              c10::toString(dtype), ", ", c10::toString(t.scalar_type()), ", ", c10::toString(planes.scalar_type()));
+}
+
+// The backward ops' shared body: t is x, or with kept x's planes from eq_linear_fwd_xf (then gemm).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& grad_y, const at::Tensor& t,
+                                                   const at::Tensor& planes, bool needs_x, bool needs_p, bool needs_b,
+                                                   bool gemm, bool kept) {
+  const int64_t d = planes.size(1);
+  const at::cuda::CUDAGuard guard(grad_y.device());
+  const at::Tensor gy = grad_y.contiguous();
+  const auto none = [&] { return at::empty({0}, gy.options()); };
+  at::Tensor gx = none(), gp = none(), gb = none();
+  bool gx_gemm = false;
+  if (needs_x) std::tie(gx, gx_gemm) = grad_x_fused(gy, planes, gemm);
+  if (!needs_p && !needs_b && !gx_gemm) return {gx, gp, gb};
+  if (!gemm) {
+    auto [p, b] = eq_linear_bwd_weight(t, gy);
+    return {gx, needs_p ? p : gp, needs_b ? b : gb};
+  }
+  if (!needs_p && !gx_gemm) return {gx, gp, gy.sum(0, false, at::kFloat).view({d, 4}).sum(1).to(gy.scalar_type())};
+  bwd_from_planes(gy, t, kept, planes, gx_gemm, needs_p, needs_b, gx, gp, gb);
+  return {gx, gp, gb};
 }
 
 // The whole backward in one op (one host call instead of a dozen Python-dispatched ones):
@@ -486,35 +529,8 @@ void bwd_from_planes(const at::Tensor& gy, XfFn xf_of, const at::Tensor& planes,
 std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& grad_y, const at::Tensor& x,
                                                              const at::Tensor& planes, bool needs_x, bool needs_p,
                                                              bool needs_b, bool gemm) {
-  TORCH_CHECK(planes.dim() == 3 && planes.size(0) == 4,
-              "eq_linear_bwd: planes must have shape (4, d, c), got ", shape(planes.sizes()));
-  const int64_t d = planes.size(1), c = planes.size(2);
-  TORCH_CHECK(x.dim() == 2 && grad_y.dim() == 2 && x.size(0) == grad_y.size(0) && x.size(1) == 4 * c &&
-                  grad_y.size(1) == 4 * d,
-              "eq_linear_bwd: want grad_y (M, ", num(4 * d), "), x (M, ", num(4 * c), ") for planes ",
-              shape(planes.sizes()), ", got ", shape(grad_y.sizes()), ", ", shape(x.sizes()));
-  TORCH_CHECK(grad_y.is_cuda() && x.device() == grad_y.device() && planes.device() == grad_y.device(),
-              "eq_linear_bwd: grad_y, x and planes must be on one CUDA device, got ", grad_y.device().str(), ", ",
-              x.device().str(), ", ", planes.device().str());
-  TORCH_CHECK(x.scalar_type() == grad_y.scalar_type() && planes.scalar_type() == grad_y.scalar_type(),
-              "eq_linear_bwd: grad_y, x and planes must share one dtype, got ", c10::toString(grad_y.scalar_type()),
-              ", ", c10::toString(x.scalar_type()), ", ", c10::toString(planes.scalar_type()));
-  const at::cuda::CUDAGuard guard(grad_y.device());
-  const at::Tensor gy = grad_y.contiguous();
-  const auto none = [&] { return at::empty({0}, gy.options()); };
-  at::Tensor gx = none(), gp = none(), gb = none();
-  bool gx_gemm = false;
-  if (needs_x) std::tie(gx, gx_gemm) = grad_x_fused(gy, planes, gemm);
-  if (!needs_p && !needs_b && !gx_gemm) return {gx, gp, gb};
-  if (!gemm) {
-    auto [p, b] = eq_linear_bwd_weight(x, gy);
-    return {gx, needs_p ? p : gp, needs_b ? b : gb};
-  }
-  if (!needs_p && !gx_gemm) return {gx, gp, gy.sum(0, false, at::kFloat).view({d, 4}).sum(1).to(gy.scalar_type())};
-  // x's planes [f0/2 | f2/2 | fR/r2 | fI/r2]
-  const auto xf_of = [&] { return std::get<0>(group_dft(aligned16(x.contiguous()), true, true, false, "eq_linear_bwd")); };
-  bwd_from_planes(gy, xf_of, planes, false, gx_gemm, needs_p, needs_b, gx, gp, gb);
-  return {gx, gp, gb};
+  check_bwd_args(grad_y, x, planes, "eq_linear_bwd", "x");
+  return bwd(grad_y, x, planes, needs_x, needs_p, needs_b, gemm, false);
 }
 
 // The backward of eq_linear_fwd_xf: eq_linear_bwd's GEMM form with x's planes xf (M, 4c) = [f0 | f2 | fR
@@ -522,31 +538,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& g
 std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd_xf(const at::Tensor& grad_y, const at::Tensor& xf,
                                                                 const at::Tensor& planes, bool needs_x, bool needs_p,
                                                                 bool needs_b) {
-  TORCH_CHECK(planes.dim() == 3 && planes.size(0) == 4,
-              "eq_linear_bwd_xf: planes must have shape (4, d, c), got ", shape(planes.sizes()));
-  const int64_t d = planes.size(1), c = planes.size(2);
-  TORCH_CHECK(xf.dim() == 2 && grad_y.dim() == 2 && xf.size(0) == grad_y.size(0) && xf.size(1) == 4 * c &&
-                  grad_y.size(1) == 4 * d,
-              "eq_linear_bwd_xf: want grad_y (M, ", num(4 * d), "), xf (M, ", num(4 * c), ") for planes ",
-              shape(planes.sizes()), ", got ", shape(grad_y.sizes()), ", ", shape(xf.sizes()));
-  TORCH_CHECK(grad_y.is_cuda() && xf.device() == grad_y.device() && planes.device() == grad_y.device(),
-              "eq_linear_bwd_xf: grad_y, xf and planes must be on one CUDA device, got ", grad_y.device().str(), ", ",
-              xf.device().str(), ", ", planes.device().str());
-  const auto dtype = grad_y.scalar_type();
-  TORCH_CHECK((dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16) && xf.scalar_type() == dtype &&
-                  planes.scalar_type() == dtype,
-              "eq_linear_bwd_xf: grad_y, xf and planes must share one dtype (float32, float16 or bfloat16), got ",
-              c10::toString(dtype), ", ", c10::toString(xf.scalar_type()), ", ", c10::toString(planes.scalar_type()));
-  const at::cuda::CUDAGuard guard(grad_y.device());
-  const at::Tensor gy = grad_y.contiguous();
-  const auto none = [&] { return at::empty({0}, gy.options()); };
-  at::Tensor gx = none(), gp = none(), gb = none();
-  bool gx_gemm = false;
-  if (needs_x) std::tie(gx, gx_gemm) = grad_x_fused(gy, planes, true);
-  if (!needs_p && !needs_b && !gx_gemm) return {gx, gp, gb};
-  const auto xf_of = [&] { return xf.contiguous(); };
-  bwd_from_planes(gy, xf_of, planes, true, gx_gemm, needs_p, needs_b, gx, gp, gb);
-  return {gx, gp, gb};
+  check_bwd_args(grad_y, xf, planes, "eq_linear_bwd_xf", "xf");
+  return bwd(grad_y, xf, planes, needs_x, needs_p, needs_b, true, true);
 }
 
 }  // namespace
