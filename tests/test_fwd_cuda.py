@@ -333,6 +333,13 @@ def test_matches_naive_layer_and_grads_fp32():
     wgrad = fe.naive_to_planes(naive.weight.grad)  # planes are an orthogonal map of w
     assert rel_l2(flash.weight.grad, wgrad) < 1e-5
     assert rel_l2(flash.bias.grad, naive.bias.grad) < 1e-5
+    # One SGD step of each: the flash layer's group-domain weight follows the naive layer's.
+    before = naive.weight.detach().clone()
+    for m in (naive, flash):
+        torch.optim.SGD(m.parameters(), lr=0.5).step()
+    assert (naive.weight.detach() - before).abs().max() > 1e-3  # the step moved the weights
+    assert rel_l2(flash.naive_weight(), naive.weight) < 1e-5
+    assert rel_l2(flash.bias, naive.bias) < 1e-5
 
 
 @pytest.mark.parametrize("M, c, d", [(129, 48, 40), (33, 16, 24)])  # tiled and narrow forward kernels
