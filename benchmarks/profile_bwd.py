@@ -57,8 +57,9 @@ def case(dt, M: int, c: int) -> dict:
     all_grads = (True, True, True, True)  # needs_x, needs_p, needs_b, gemm
     grad_x_only = (True, False, False, True)
 
-    # The weight gradient's GEMMs as the op runs them (planes as column blocks; the complex pair as
-    # one product with FP32 output, then two small adds).
+    # The weight gradient's GEMMs, close to the op's: the complex pair as one product with FP32 output.
+    # (The op reads column blocks, runs P0 / P2 as one batched GEMM and combines q in one kernel; here
+    # the planes layout, two GEMMs and two adds.)
     g_ri, x_ri = gf[2:4].permute(1, 0, 2).reshape(M, 2 * c), xf[2:4].permute(1, 0, 2).reshape(M, 2 * c)
 
     def gemms():

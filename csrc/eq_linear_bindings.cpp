@@ -130,15 +130,18 @@ std::tuple<at::Tensor, at::Tensor> group_dft(const at::Tensor& t, bool input, bo
   return {out, sum ? sums : at::empty({0}, f32)};
 }
 
-// FP32 forward on tensor cores when PyTorch allows TF32 for matmuls (the switch F.linear follows) and
-// the fused Hopper kernel does not apply (other GPUs, FLASH_EQLINEAR_SM90=0, shapes) or is slower
-// (large layers): the group DFT of x into column blocks [f0 | f2 | fR | fI] / 2 of one (M, 4c) buffer,
-// then fourier_products_into (TF32 GEMMs in two calls and the inverse DFT + bias pass).
-// Two extra passes over x-sized and y-sized FP32 buffers (a workspace of 4 M (c + d) floats) buy
-// cuBLAS's TF32 rate for the 6/16 of the dense MACs.
-void eq_linear_fwd_tf32(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y) {
-  const at::Tensor xf = std::get<0>(group_dft(aligned16(x), false, true, false, "eq_linear_fwd (tf32)", true));
-  fourier_products_into(xf, planes, bias, y, "eq_linear_fwd (tf32)");
+// The GEMM form of the forward: the group DFT of x (contiguous) into column blocks [f0 | f2 | fR | fI] / 2
+// of one (M, 4c) buffer, then fourier_products_into (cuBLAS GEMMs in two calls and the inverse DFT +
+// bias pass) into y; returns x's planes (eq_linear_fwd_xf keeps them). Taken for FP32 when PyTorch
+// allows TF32 for matmuls (the switch F.linear follows) and the fused Hopper kernel does not apply
+// (other GPUs, FLASH_EQLINEAR_SM90=0, shapes) or is slower (large layers): two extra passes over x-sized
+// and y-sized FP32 buffers (a workspace of 4 M (c + d) floats) buy cuBLAS's TF32 rate for the 6/16 of
+// the dense MACs; and for fp16 / bf16 as products_form says. `what` names the caller in errors.
+at::Tensor fwd_gemm_form(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
+                         const char* what) {
+  at::Tensor xf = std::get<0>(group_dft(aligned16(x), false, true, false, what, true));
+  fourier_products_into(xf, planes, bias, y, what);
+  return xf;
 }
 
 // How fp16 / bf16 plane products are computed (the forward, and grad_x where the weight gradient takes
@@ -310,16 +313,14 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
     if (c * d < kFusedTf32MaxCD) err = eq_linear_fwd_sm90_tf32(p, stream, &launched);
     TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: TF32 kernel launch failed (M=", num(M), ", c=", num(c),
                 ", d=", num(d), "): ", cudaGetErrorString(err));
-    if (!launched) eq_linear_fwd_tf32(xc, pc, b, y);
+    if (!launched) fwd_gemm_form(xc, pc, b, y, "eq_linear_fwd (tf32)");
     return y;
   }
   const ProductsForm form = products_form();
   const bool gemm_form = form == ProductsForm::kGemm || (form == ProductsForm::kAuto && c * d >= kGemmFwdMinCD);
   if (dtype != at::kFloat && gemm_form) {
     if (form == ProductsForm::kAuto && hopper_kernels_may_run(x) && fwd_sm90_16bit(xc, pc, b, y)) return y;
-    // The GEMM form (products_form): group DFT of x, cuBLAS GEMMs, inverse DFT + bias.
-    const at::Tensor xf = std::get<0>(group_dft(aligned16(xc), false, true, false, "eq_linear_fwd", true));
-    fourier_products_into(xf, pc, b, y, "eq_linear_fwd");
+    fwd_gemm_form(xc, pc, b, y, "eq_linear_fwd");  // products_form
     return y;
   }
   switch (dtype) {
@@ -344,8 +345,7 @@ std::tuple<at::Tensor, at::Tensor> eq_linear_fwd_xf(const at::Tensor& x, const a
   const at::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty({M, 4 * d}, x.options());
   if (M == 0) return {y, at::empty_like(x, at::MemoryFormat::Contiguous)};
-  const at::Tensor xf = std::get<0>(group_dft(aligned16(x.contiguous()), false, true, false, "eq_linear_fwd_xf", true));
-  fourier_products_into(xf, planes.contiguous(), b, y, "eq_linear_fwd_xf");
+  const at::Tensor xf = fwd_gemm_form(x.contiguous(), planes.contiguous(), b, y, "eq_linear_fwd_xf");
   return {y, xf};
 }
 
