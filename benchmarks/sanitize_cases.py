@@ -84,7 +84,7 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16) if "bwd" in DIRECTIO
 # group DFT, inverse DFT + bias into 16-bit) and the whole backward with grad_x from grad_y's planes;
 # pairs and single channels; the planes-keeping training forward and its backward.
 for dtype in (torch.float16, torch.bfloat16) if "gemm" in DIRECTIONS else ():
-    for M, c, d in [(7, 3, 59), (129, 59, 200), (1000, 64, 48), (257, 200, 31)]:
+    for M, c, d in [(7, 3, 59), (129, 59, 200), (1000, 64, 48), (257, 200, 31), (300, 40, 136)]:
         x = torch.randn(M, 4 * c, device="cuda", dtype=dtype)
         gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
         planes = (torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5).to(dtype)
@@ -92,14 +92,15 @@ for dtype in (torch.float16, torch.bfloat16) if "gemm" in DIRECTIONS else ():
         with env_switch("FLASH_EQLINEAR_PRODUCTS", "gemm"), env_switch("FLASH_EQLINEAR_NARROW", "0"):
             y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
             gx, gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd(gy, x, planes, True, True, True, True)
-        ref = reference.fourier_eq_linear(x.double(), planes.double(), b.double(), 4)
-        assert rel_err(y, ref) < TOL[dtype], ("fwd gemm", dtype, M, c, d)
+        yref = reference.fourier_eq_linear(x.double(), planes.double(), b.double(), 4)
+        assert rel_err(y, yref) < TOL[dtype], ("fwd gemm", dtype, M, c, d)
         want = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double())
         for got, ref in zip((gx, gp, gb), want, strict=True):
             assert rel_err(got, ref) < TOL[dtype], ("bwd gemm", dtype, M, c, d)
-        # The training forward that keeps x's planes, and its backward from them.
+        # The training forward that keeps x's planes (on Hopper, for c % 8 == 0 and even d, written by
+        # the Hopper kernel), and its backward from them (grad_y's planes from grad_x's Hopper kernel).
         yk, xf = torch.ops.flash_eqlinear.eq_linear_fwd_xf(x, planes, b)
-        assert torch.equal(yk, y), ("fwd_xf", dtype, M, c, d)
+        assert rel_err(yk, yref) < TOL[dtype], ("fwd_xf", dtype, M, c, d)
         kept = torch.ops.flash_eqlinear.eq_linear_bwd_xf(gy, xf, planes, True, True, True)
         for got, ref in zip(kept, want, strict=True):
             assert rel_err(got, ref) < TOL[dtype], ("bwd_xf", dtype, M, c, d)

@@ -170,11 +170,17 @@ bool hopper_kernels_may_run(const at::Tensor& t) {
 }
 
 // fp16 / bf16 (M, 4k) through the sm_90a forward kernel with planes (4, n, k) (n output channels), if
-// it runs for these tensors; else nothing is launched and false is returned.
-bool fwd_sm90_16bit(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y) {
+// it runs for these tensors; else nothing is launched and false is returned. With xf (M, 4k), the kernel
+// also writes x's Fourier planes [f0 | f2 | fR | fI] * xf_scale there (FwdParams).
+bool fwd_sm90_16bit(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
+                    const at::Tensor& xf = at::Tensor(), float xf_scale = 1.f) {
   const int64_t M = x.size(0), n = planes.size(1), k = planes.size(2);
   if (M == 0) return true;
   FwdParams p{x.data_ptr(), planes.data_ptr(), bias.defined() ? bias.data_ptr() : nullptr, y.data_ptr(), M, k, n};
+  if (xf.defined()) {
+    p.xf = xf.data_ptr();
+    p.xf_scale = xf_scale;
+  }
   bool launched = false;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const cudaError_t err = x.scalar_type() == at::kHalf ? eq_linear_fwd_sm90_fp16(p, stream, &launched)
@@ -341,11 +347,19 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
 std::tuple<at::Tensor, at::Tensor> eq_linear_fwd_xf(const at::Tensor& x, const at::Tensor& planes,
                                                     const std::optional<at::Tensor>& bias) {
   const at::Tensor b = checked_fwd_args(x, planes, bias, "eq_linear_fwd_xf");
-  const int64_t M = x.size(0), d = planes.size(1);
+  const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
   const at::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty({M, 4 * d}, x.options());
   if (M == 0) return {y, at::empty_like(x, at::MemoryFormat::Contiguous)};
-  const at::Tensor xf = fwd_gemm_form(x.contiguous(), planes.contiguous(), b, y, "eq_linear_fwd_xf");
+  const at::Tensor xc = x.contiguous(), pc = planes.contiguous();
+  // fp16 / bf16 on Hopper below the GEMM form's size (as grad_x, kGemmGradXMinCD): the Hopper kernel,
+  // writing the planes as a by-product.
+  if (x.scalar_type() != at::kFloat && products_form() == ProductsForm::kAuto && c * d < kGemmGradXMinCD &&
+      hopper_kernels_may_run(x)) {
+    at::Tensor xf = at::empty({M, 4 * c}, x.options());
+    if (fwd_sm90_16bit(xc, pc, b, y, xf, 0.5f)) return {y, xf};
+  }
+  const at::Tensor xf = fwd_gemm_form(xc, pc, b, y, "eq_linear_fwd_xf");
   return {y, xf};
 }
 
@@ -415,8 +429,10 @@ std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool inp
 // grad_x (M, 4c) of grad_y (M, 4d) by a fused kernel on the adjoint planes (transposed, PI negated),
 // unless the GEMM form takes it: with gemm_ok (the weight gradient makes grad_y's Fourier planes anyway)
 // for fp16 / bf16 as products_form says. Returns (grad_x, false), or (an empty tensor, true) when grad_x
-// is left to the GEMM form (bwd_from_planes).
-std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor& planes, bool gemm_ok) {
+// is left to the GEMM form (bwd_from_planes). With gf and the Hopper kernel, that kernel also writes
+// grad_y's planes [g0 | g2 | gR | gI] (M, 4d) into *gf (else *gf stays undefined).
+std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor& planes, bool gemm_ok,
+                                         at::Tensor* gf = nullptr) {
   const ProductsForm form = products_form();
   const bool may_gemm = gemm_ok && gy.scalar_type() != at::kFloat && form != ProductsForm::kFused;
   const int64_t c = planes.size(2), d = planes.size(1);
@@ -430,8 +446,10 @@ std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor&
   if (!may_gemm) return {eq_linear_fwd(gy, adj, std::nullopt), false};
   check_device_supported(gy);
   at::Tensor gx = at::empty({gy.size(0), 4 * c}, gy.options());
-  if (fwd_sm90_16bit(gy, adj, at::Tensor(), gx)) return {gx, false};
-  return {at::Tensor(), true};
+  at::Tensor planes_out = gf != nullptr ? at::empty_like(gy, at::MemoryFormat::Contiguous) : at::Tensor();
+  if (!fwd_sm90_16bit(gy, adj, at::Tensor(), gx, planes_out)) return {at::Tensor(), true};
+  if (gf != nullptr && gy.size(0) > 0) *gf = planes_out;
+  return {gx, false};
 }
 
 // The GEMM form of the backward from grad_y (M, 4d, contiguous): grad_y's group DFT into column blocks
@@ -439,11 +457,16 @@ std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor&
 // grad_planes from x's planes: with kept, t holds them as eq_linear_fwd_xf returned them ([f0 | f2 | fR
 // | fI] / 2), else t is x and they are made here ([f0/2 | f2/2 | fR/r2 | fI/r2], group_dft's x layout;
 // only when needs_p). Not-needed outputs stay as passed in.
-void bwd_from_planes(const at::Tensor& gy, const at::Tensor& t, bool kept, const at::Tensor& planes, bool gx_gemm,
-                     bool needs_p, bool needs_b, at::Tensor& gx, at::Tensor& gp, at::Tensor& gb) {
+// gf_made: grad_y's planes if grad_x's kernel wrote them (grad_x_fused), else undefined; then grad_bias
+// is the column sums of g0 (the rounded planes: one more rounding per element than the group DFT's sums).
+void bwd_from_planes(const at::Tensor& gy, const at::Tensor& gf_made, const at::Tensor& t, bool kept,
+                     const at::Tensor& planes, bool gx_gemm, bool needs_p, bool needs_b, at::Tensor& gx,
+                     at::Tensor& gp, at::Tensor& gb) {
   const int64_t M = gy.size(0), d = planes.size(1), c = planes.size(2);
   check_device_supported(gy);
-  const auto [gf, sums] = group_dft(aligned16(gy), false, true, needs_b, "eq_linear_bwd");
+  const bool made = gf_made.defined();
+  const auto [gf, sums] = made ? std::make_tuple(gf_made, at::Tensor())
+                               : group_dft(aligned16(gy), false, true, needs_b, "eq_linear_bwd");
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int elem = static_cast<int>(gy.element_size());
   const bool bf16 = gy.scalar_type() == at::kBFloat16;
@@ -469,7 +492,9 @@ void bwd_from_planes(const at::Tensor& gy, const at::Tensor& t, bool kept, const
                           elem, bf16, stream);
     TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: pair combine failed: ", cudaGetErrorString(err));
   }
-  if (needs_b) {
+  if (needs_b && made) {
+    gb = gf.narrow(1, 0, d).sum(0, false, at::kFloat).to(gy.scalar_type());
+  } else if (needs_b) {
     gb = at::empty({d}, gy.options());
     err = eq_column_sums(sums.data_ptr<float>(), gb.data_ptr(), sums.size(0), d, elem, bf16, stream);
     TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: column sums failed: ", cudaGetErrorString(err));
@@ -508,14 +533,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& grad_y, con
   const auto none = [&] { return at::empty({0}, gy.options()); };
   at::Tensor gx = none(), gp = none(), gb = none();
   bool gx_gemm = false;
-  if (needs_x) std::tie(gx, gx_gemm) = grad_x_fused(gy, planes, gemm);
+  at::Tensor gf;  // grad_y's planes, if grad_x's kernel writes them for the GEMM-form weight gradient
+  if (needs_x) std::tie(gx, gx_gemm) = grad_x_fused(gy, planes, gemm, gemm && needs_p ? &gf : nullptr);
   if (!needs_p && !needs_b && !gx_gemm) return {gx, gp, gb};
   if (!gemm) {
     auto [p, b] = eq_linear_bwd_weight(t, gy);
     return {gx, needs_p ? p : gp, needs_b ? b : gb};
   }
   if (!needs_p && !gx_gemm) return {gx, gp, gy.sum(0, false, at::kFloat).view({d, 4}).sum(1).to(gy.scalar_type())};
-  bwd_from_planes(gy, t, kept, planes, gx_gemm, needs_p, needs_b, gx, gp, gb);
+  bwd_from_planes(gy, gf, t, kept, planes, gx_gemm, needs_p, needs_b, gx, gp, gb);
   return {gx, gp, gb};
 }
 

@@ -31,6 +31,10 @@ struct FwdParams {
   int64_t M;         // rows (any M >= 0)
   int64_t c;         // input channels per group copy (>= 1)
   int64_t d;         // output channels per group copy (>= 1)
+  // Optional, the fp16 / bf16 Hopper kernel only (eq_linear_fwd_sm90.h): x's Fourier planes as column
+  // blocks (M, 4c) = [f0 | f2 | fR | fI] * xf_scale, written as a by-product (16-byte aligned).
+  void* xf = nullptr;
+  float xf_scale = 1.f;
 };
 
 // One launch; returns the launch error (cudaSuccess when nothing went wrong). M == 0 is a no-op.

@@ -10,7 +10,7 @@
 // (rows 0-63 and 64-127) and release a stage through its "empty" mbarrier (one arrival per warp)
 // once the wgmma groups that read it have retired. So the pipeline fill of a tile overlaps the
 // previous tile's epilogue. setmaxnreg moves registers from the producer (24) to the consumers
-// (240: 128 accumulators, 32 double-buffered A registers).
+// (240: 128 accumulators, 32 double-buffered A registers); 40 / 232 in the xf-writing variant (below).
 // Measured and dropped: clusters of 2 blocks sharing x through TMA multicast (a third less L2
 // traffic, no faster: the consumers, not L2, set the pace once the transform is cheap).
 
@@ -38,6 +38,14 @@
 //
 // Epilogue: the inverse transform + bias in FP32 registers, one 16-byte store per (row, o pair) of
 // the interleaved (M, d, 4) output.
+//
+// Optional by-product (fp16 / bf16, FwdParams::xf): x's Fourier planes as column blocks (M, 4c), for a
+// backward that would otherwise make them in a pass of its own. Warps 1-3 of the producer warpgroup
+// (idle otherwise) wait for each stage, read its x tile (conflict-free LDS.128: a quarter-warp reads
+// the 8 chunks of one row), transform in FP32, round once and store; each (row tile, k tile) is written
+// by one block of the row tile's num_n, the one whose n tile is k tile % num_n, so the stores spread
+// over the blocks. They release the stage like a consumer warp (the "empty" count grows by 3). The
+// consumers' instruction stream is unchanged: their issue rate sets the pace.
 //
 // Requirements (checked by the host, which otherwise falls back to the portable kernels): an sm_90
 // device running sm_90a code, c % 8 == 0 (TMA row strides are multiples of 16 bytes), d even, x,
@@ -77,9 +85,13 @@ constexpr int kSmem = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barr
 struct Sm90Params {
   const void* bias;  // (d,) or nullptr
   void* y;           // (M, d, 4)
+  void* xf;          // (M, 4c) or nullptr: FwdParams::xf
+  float xf_scale;
   int64_t M;
-  int d, k_tiles, num_m, num_n;
+  int c, d, k_tiles, num_m, num_n;
 };
+constexpr int kXfWarps = 3;  // producer warps 1-3 write xf
+static_assert(32 * (1 + kXfWarps) == 128, "the producer warpgroup: the TMA warp and the xf writers");
 
 // Tile i of the persistent walk -> (first row, first output channel). (A template only so that
 // targets without the kernel body, which never call it, do not warn.)
@@ -245,7 +257,51 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
   }
 }
 
+// Producer warps 1-3: x's Fourier planes of the stages whose k tile falls to this block (header).
 template <class T>
+__device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
+                                         int64_t num_tiles) {
+  const int wt = threadIdx.x - 32, lane = threadIdx.x & 31;  // wt: 0 .. 32 kXfWarps - 1
+  T* xf = static_cast<T*>(p.xf);
+  const int64_t ld = 4 * static_cast<int64_t>(p.c);
+  uint32_t it = 0;  // as the producer's
+  for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    int m0, n0;
+    tile_origin(p, tile, m0, n0);
+    for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
+      const int s = it % kStages;
+      mbar_wait(full_bar + 8 * s, (it / kStages) & 1);
+      if (kt % p.num_n == n0 / kBN) {
+        const uint32_t st = base + s * kStageBytes;
+        // 16-byte chunk q: sub-tile q / (8 kBM), row r, chunk j = channels 2j, 2j+1 of the sub-tile.
+        for (int q = wt; q < 2 * 8 * kBM; q += 32 * kXfWarps) {
+          const int sub = q / (8 * kBM), r = (q / 8) % kBM, j = q % 8;
+          const uint4 v = lds128(st + sub * kXSub + r * 128 + ((j ^ (r & 7)) << 4));
+          const int64_t m = static_cast<int64_t>(m0) + r;
+          const int ch = kt * kBK<T> + sub * 16 + 2 * j;  // c % 8 == 0: ch < c implies ch + 1 < c
+          if (m >= p.M || ch >= p.c) continue;
+          const float2 a = Elem<T>::unpack(v.x), b = Elem<T>::unpack(v.y);  // channel ch
+          const float2 e = Elem<T>::unpack(v.z), g = Elem<T>::unpack(v.w);  // channel ch + 1
+          float f[2][4];  // [channel][f0, f2, fR, fI]
+          dft4<false>(a.x, a.y, b.x, b.y, f[0][0], f[0][2], f[0][3], f[0][1]);
+          dft4<false>(e.x, e.y, g.x, g.y, f[1][0], f[1][2], f[1][3], f[1][1]);
+          T* dst = xf + m * ld + ch;
+#pragma unroll
+          for (int pl = 0; pl < 4; ++pl)
+            *reinterpret_cast<uint32_t*>(dst + pl * p.c) = Elem<T>::pack(p.xf_scale * f[0][pl], p.xf_scale * f[1][pl]);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty_bar + 8 * s);
+    }
+  }
+}
+
+// kXf: the variant whose producer warps 1-3 write xf (fp16 / bf16 only). Its writers need 40 registers
+// (24 spill), so its consumers get 232 instead of 240 (no spills either; 128 x 40 + 256 x 232 = 128 x 24
+// + 256 x 240 = the 384 x 168 registers a block holds from its launch: setmaxnreg.inc waits for
+// registers the block's own setmaxnreg.dec released). The plain variant keeps 24 / 240.
+template <class T, bool kXf>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
                           const Sm90Params p) {
@@ -255,18 +311,21 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
   const uint32_t full_bar = base + kStages * kStageBytes, empty_bar = full_bar + 8 * kStages;
   const int64_t num_tiles = static_cast<int64_t>(p.num_m) * p.num_n;
 
+  constexpr bool writes_xf = kXf && sizeof(T) == 2;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_bar + 8 * s, 1);
-      mbar_init(empty_bar + 8 * s, kConsumerWarps);
+      mbar_init(empty_bar + 8 * s, kConsumerWarps + (writes_xf ? kXfWarps : 0));
     }
     mbar_fence_init();
   }
   __syncthreads();
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
-    setmaxnreg_dec<24>();
-    if (threadIdx.x == 0) {
+    setmaxnreg_dec<kXf ? 40 : 24>();
+    if (writes_xf && threadIdx.x >= 32) {
+      if constexpr (writes_xf) write_xf<T>(p, base, full_bar, empty_bar, num_tiles);
+    } else if (threadIdx.x == 0) {
       tma_prefetch_desc(&tm_x);
       tma_prefetch_desc(&tm_p);
       uint32_t it = 0;  // k tiles issued so far, over all tiles (wraps harmlessly: kStages divides 2^32)
@@ -285,7 +344,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
       }
     }
   } else {
-    setmaxnreg_inc<240>();
+    setmaxnreg_inc<kXf ? 232 : 240>();
     consume<T>(p, base, full_bar, empty_bar, num_tiles);
   }
 #else
@@ -331,7 +390,7 @@ bool runs_sm90a(int dev) {
   if (dev < 0 || dev >= 64) return false;
   if (known[dev] == 0) {
     cudaFuncAttributes attr;
-    const bool ok = cudaFuncGetAttributes(&attr, eq_linear_fwd_sm90_kernel<T>) == cudaSuccess &&
+    const bool ok = cudaFuncGetAttributes(&attr, eq_linear_fwd_sm90_kernel<T, false>) == cudaSuccess &&
                     attr.binaryVersion == 90 && attr.ptxVersion == 90;
     cudaGetLastError();  // a failed query leaves no sticky state behind for the caller
     known[dev] = ok ? 1 : -1;
@@ -347,7 +406,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   constexpr int kE = sizeof(T);
   if (!sm90_path_enabled() || p.M <= 0 || p.M > 0x7fffffff - kBM || (p.c * kE) % 16 != 0 || p.d % 2 != 0 ||
       p.c > 0x3fffffff / 4 || p.d > 0x7fffffff - kBN || !aligned16(p.x) || !aligned16(p.planes) || !aligned16(p.y) ||
-      reinterpret_cast<uintptr_t>(p.bias) % (2 * kE) != 0)
+      reinterpret_cast<uintptr_t>(p.bias) % (2 * kE) != 0 || (p.xf != nullptr && (kE == 4 || !aligned16(p.xf))))
     return cudaSuccess;
   int dev = 0, major = 0, smem_optin = 0, num_sms = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -374,12 +433,15 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   Sm90Params kp;
   kp.bias = p.bias;
   kp.y = p.y;
+  kp.xf = p.xf;
+  kp.xf_scale = p.xf_scale;
   kp.M = p.M;
+  kp.c = static_cast<int>(p.c);
   kp.d = static_cast<int>(p.d);
   kp.k_tiles = static_cast<int>((p.c + kBK<T> - 1) / kBK<T>);
   kp.num_m = static_cast<int>(num_m);
   kp.num_n = static_cast<int>(num_n);
-  auto kernel = eq_linear_fwd_sm90_kernel<T>;
+  auto kernel = p.xf != nullptr ? eq_linear_fwd_sm90_kernel<T, true> : eq_linear_fwd_sm90_kernel<T, false>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (e != cudaSuccess) return e;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_m * num_n, num_sms));

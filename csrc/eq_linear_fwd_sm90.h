@@ -16,10 +16,12 @@ bool sm90_path_enabled();
 // Launch when the device, the build, the shape and the alignments allow it (*launched = true, the
 // launch error returned); otherwise launch nothing, *launched = false, cudaSuccess (unless a device
 // query failed).
+// With p.xf, the kernel also writes x's Fourier planes there (three idle warps of the producer
+// warpgroup, from the x tiles in shared memory).
 cudaError_t eq_linear_fwd_sm90_fp16(const FwdParams& p, cudaStream_t stream, bool* launched);
 cudaError_t eq_linear_fwd_sm90_bf16(const FwdParams& p, cudaStream_t stream, bool* launched);
 // FP32 tensors on TF32 tensor cores (the caller decides that TF32 is allowed): float x / planes / bias
-// / y, c % 4 == 0, bias 8-byte aligned; otherwise as above.
+// / y, c % 4 == 0, bias 8-byte aligned, no p.xf; otherwise as above.
 cudaError_t eq_linear_fwd_sm90_tf32(const FwdParams& p, cudaStream_t stream, bool* launched);
 
 }  // namespace flash_eqlinear

@@ -269,13 +269,14 @@ def halved_planes_adjoint(g: torch.Tensor) -> torch.Tensor:
 @torch.compiler.assume_constant_result
 def _gemm_training_forward(dtype: torch.dtype, c: int, d: int, device_index: int) -> bool:
     """Whether a training forward of a layer with planes (4, d, c) on this CUDA device takes
-    eq_linear_fwd_xf: where the forward's GEMM form runs anyway (the C++ rule, eq_linear_fwd) and the
-    weight gradient takes the GEMM form too (it uses the planes). fp16 / bf16: FLASH_EQLINEAR_PRODUCTS,
-    else c * d >= 2^18 without a Hopper kernel, and on Hopper GPUs from c * d >= 2^22, where the GEMM
-    form ties the Hopper kernel (H100, c = d = 2048: 3.46 vs 3.44 ms) and keeping x's planes saves the
-    backward its group DFT of x (0.39 ms). FP32 with TF32 allowed: the DFT + cuBLAS forward, i.e. c * d
-    >= 2^19 on Hopper, else always (here from c * d >= 2^17: large layers only).
-    FLASH_EQLINEAR_KEEP_PLANES=0 turns it off. (Read when called; under torch.compile, when traced.)"""
+    eq_linear_fwd_xf, which keeps x's Fourier planes for the backward: where the weight gradient takes
+    the GEMM form (it uses the planes) and the forward makes the planes anyway or nearly so.
+    fp16 / bf16: on Hopper GPUs the Hopper kernel writes them as a by-product (idle producer warps), and
+    from c * d >= 2^22 the GEMM form runs instead (it ties the Hopper kernel there: H100, c = d = 2048,
+    3.46 vs 3.44 ms); elsewhere the GEMM form from c * d >= 2^18 (FLASH_EQLINEAR_PRODUCTS forces either).
+    FP32 with TF32 allowed: the DFT + cuBLAS forward, i.e. c * d >= 2^19 on Hopper, else always (here
+    from c * d >= 2^17: large layers only). FLASH_EQLINEAR_KEEP_PLANES=0 turns it off. (Read when
+    called; under torch.compile, when traced.)"""
     env = os.environ.get
     if env("FLASH_EQLINEAR_KEEP_PLANES", "1").strip() == "0" or weight_grad_mode(c, d, dtype) != "gemm":
         return False
@@ -289,7 +290,7 @@ def _gemm_training_forward(dtype: torch.dtype, c: int, d: int, device_index: int
     form = env("FLASH_EQLINEAR_PRODUCTS", "auto")
     if form in ("fused", "gemm"):
         return form == "gemm"
-    return c * d >= (2**22 if sm90 and c % 8 == 0 and d % 2 == 0 else 2**18)
+    return (sm90 and c % 8 == 0 and d % 2 == 0) or c * d >= 2**18
 
 
 def autocast_inputs(x, weight, bias):

@@ -757,10 +757,11 @@ def test_fused_weight_grad_in_autograd():
     [(300, 512, 520, "auto"), (33, 2048, 2048, "auto"), (257, 59, 48, "gemm"), (0, 40, 8, "gemm")],
 )
 def test_training_forward_keeps_planes(M, c, d, rule, dtype, sm90, monkeypatch):
-    # fp16 / bf16 training forwards that take the GEMM form (by default where the Hopper kernel does not
-    # run from c * d >= 2^18, and on Hopper from 2^22; always with FLASH_EQLINEAR_PRODUCTS=gemm) keep
-    # x's Fourier planes instead of x, and the backward makes no group DFT of x. The output equals the
-    # GEMM-form forward's; all three gradients within 2x F.linear's error against float64.
+    # fp16 / bf16 training forwards with the GEMM-form weight gradient keep x's Fourier planes instead
+    # of x (written by the Hopper kernel, or made by the GEMM form: by default where the Hopper kernel
+    # does not run from c * d >= 2^18, on Hopper from 2^22; always with FLASH_EQLINEAR_PRODUCTS=gemm),
+    # and the backward makes no group DFT of x (on Hopper none of grad_y either: grad_x's kernel writes
+    # its planes). The output and all three gradients within 2x F.linear's error against float64.
     from flash_eqlinear import ops
 
     monkeypatch.setattr(ops, "WEIGHT_GRAD", "gemm")
@@ -770,18 +771,18 @@ def test_training_forward_keeps_planes(M, c, d, rule, dtype, sm90, monkeypatch):
     else:
         monkeypatch.setenv("FLASH_EQLINEAR_PRODUCTS", rule)
     hopper = sm90 and torch.cuda.get_device_capability()[0] == 9
-    keeps = rule == "gemm" or c * d >= (2**22 if hopper else 2**18)
+    keeps = rule == "gemm" or hopper or c * d >= 2**18
     x, planes, b = make(M, c, d, dtype, seed=M + c + d)
     g = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
     leaves = [t.detach().clone().requires_grad_() for t in (x, planes, b)]
     y = fe.flash_eq_linear(*leaves)
-    if keeps:  # the GEMM form's output
-        with monkeypatch.context() as m:
-            m.setenv("FLASH_EQLINEAR_PRODUCTS", "gemm")
-            assert torch.equal(y, torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b))
+    if M > 0:
+        check_against_linear(y.detach(), x, planes, b)
     names = launched_kernels(lambda: y.backward(g))
     if M > 0:
         assert any("group_dft_kernel" in n and ", true>" in n for n in names) != keeps, names
+        hopper_gx = hopper and rule == "auto" and c * d < 2**22  # grad_x's kernel writes grad_y's planes
+        assert any("group_dft_kernel" in n for n in names) != hopper_gx, names
     check_grads([t.grad for t in leaves], x, planes, b, g, dtype, ROUNDOFF[dtype] / 8)
 
 
@@ -791,11 +792,15 @@ def test_kept_planes_ops(dtype, monkeypatch):
     # ([f0 | f2 | fR | fI] / 2 column blocks), and clear errors.
     from flash_eqlinear.ops import x_from_halved_planes
 
-    x, planes, b = make(37, 24, 16, dtype)
+    x, planes, b = make(37, 40, 16, dtype)
     gy = torch.randn(37, 4 * 16, device=DEV, dtype=dtype)
     fwd, bwd = torch.ops.flash_eqlinear.eq_linear_fwd_xf, torch.ops.flash_eqlinear.eq_linear_bwd_xf
-    y, xf = fwd(x, planes, b)
+    y, xf = fwd(x, planes, b)  # on Hopper: written by the Hopper kernel (c = 40: a ragged k tile)
     assert rel_l2(x_from_halved_planes(xf), x) < 2 * ROUNDOFF[dtype]
+    gdft = torch.ops.flash_eqlinear.eq_group_dft(x, False, False)[0]  # [f0, f2, fR, fI] (4, M, c)
+    assert torch.equal(xf.view(37, 4, 40).transpose(0, 1), 0.5 * gdft)
+    if torch.cuda.get_device_capability()[0] == 9:  # the Hopper kernel's output, as eq_linear_fwd's
+        assert torch.equal(y, torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b))
     torch.library.opcheck(fwd.default, (x, planes, b))
     torch.library.opcheck(fwd.default, tuple(t.detach().clone().requires_grad_() for t in (x, planes, b)))
     torch.library.opcheck(bwd.default, (gy, xf, planes, True, True, True))
