@@ -21,18 +21,20 @@ if has build; then
 fi
 python3 -c "import flash_eqlinear as fe; assert fe.kernels_available(), fe.ops.kernel_import_error()" || exit 1
 if has test; then
-  python3 -m pytest tests/test_fwd_cuda.py -q -x -p no:cacheprovider >"$OUT/test.log" 2>&1
+  # A hung kernel would otherwise take the whole call: TEST_TIMEOUT seconds at most.
+  timeout "${TEST_TIMEOUT:-400}" python3 -m pytest tests/test_fwd_cuda.py -q -x -p no:cacheprovider >"$OUT/test.log" 2>&1
   summary+=("tests: $(tail -1 "$OUT/test.log")")
   grep -E "FAILED|Error|assert" "$OUT/test.log" | head -20
 fi
 if has sanitize; then
-  for tool in memcheck racecheck; do
-    compute-sanitizer --tool $tool --error-exitcode 9 python3 benchmarks/sanitize_cases.py >"$OUT/sanitize_$tool.log" 2>&1
+  # SANITIZE_ARGS: the sets of sanitize_cases.py (default all), e.g. "gemm quick"
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
+    compute-sanitizer --tool $tool --error-exitcode 9 python3 benchmarks/sanitize_cases.py ${SANITIZE_ARGS:-} >"$OUT/sanitize_$tool.log" 2>&1
     summary+=("compute-sanitizer $tool rc=$? ($(grep -cE '(ERROR|RACECHECK) SUMMARY: 0' "$OUT/sanitize_$tool.log") clean summaries)")
   done
 fi
 if has bench; then
-  python3 benchmarks/bench_op.py >"$OUT/bench.log" 2>&1; summary+=("bench rc=$?")
+  python3 benchmarks/bench_op.py ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1; summary+=("bench rc=$?")
   tail -30 "$OUT/bench.log"
 fi
 if has bench-bwd; then
