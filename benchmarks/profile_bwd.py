@@ -10,6 +10,9 @@ op (bwd_port: without the Hopper kernels); and, without graphs, the eager autogr
 F.linear and of the layer (lin_bwd_eager, bwd_eager: EAGER_CALLS calls back to back per sample; the
 _1 columns: one isolated call per sample, its host latency included).
 --cpu: the host (Python + dispatch) microseconds per call of the eager backward and its parts.
+--trace: the kernels of the layer's eager autograd backward (the training path: kept planes where
+ops._gemm_training_forward takes them) under torch.profiler, microseconds per call each, their sum
+against the wall time per call (the difference: the GPU waiting for the host).
 """
 
 from __future__ import annotations
@@ -137,13 +140,42 @@ def cpu_overhead(dt) -> None:
     print(" | ".join(f"{k} {cpu_us(f):.0f} us" for k, f in parts.items()), flush=True)
 
 
+def trace(dt, M: int, c: int, calls: int = 20) -> None:
+    """Per-kernel GPU time of the eager backward of one layer (C = D = 4c), and the wall time per call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(M, 4 * c, device="cuda", dtype=dt, requires_grad=True)
+    planes = (torch.randn(4, c, c, device="cuda") / (4 * c) ** 0.5).to(dt).requires_grad_()
+    bias = torch.zeros(c, device="cuda", dtype=dt, requires_grad=True)
+    gy = torch.randn(M, 4 * c, device="cuda", dtype=dt)
+    y = fe.flash_eq_linear(x, planes, bias)
+    step = lambda: torch.autograd.grad(y, (x, planes, bias), gy, retain_graph=True)  # noqa: E731
+    wall = bench(step, [()], 0.2, 50, EAGER_CALLS)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    rows.sort(key=lambda e: -e.self_device_time_total)
+    total = sum(e.self_device_time_total for e in rows) / calls
+    print(f"{dt} c={c}: eager backward {wall * 1e3:.0f} us per call, kernels {total:.0f} us:", flush=True)
+    for e in rows:
+        print(f"  {e.self_device_time_total / calls:8.1f} us  x{e.count / calls:.0f}  {e.key[:110]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtypes", default="fp16,bf16")
     ap.add_argument("--cs", default="512,1024,2048")
     ap.add_argument("--rows", type=int, default=32768)
     ap.add_argument("--cpu", action="store_true", help="host cost per call instead (tiny tensors)")
+    ap.add_argument("--trace", action="store_true", help="kernels of the eager backward instead")
     a = ap.parse_args()
+    if a.trace:
+        for name in a.dtypes.split(","):
+            for c in map(int, a.cs.split(",")):
+                trace(DTYPES[name], a.rows, c)
+        return
     if a.cpu:
         for name in a.dtypes.split(","):
             cpu_overhead(DTYPES[name])
