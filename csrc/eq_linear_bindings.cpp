@@ -439,12 +439,16 @@ std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor&
   // (No Hopper kernel to try on other devices or with FLASH_EQLINEAR_SM90=0: no adjoint copy.)
   if (may_gemm && (form == ProductsForm::kGemm || c * d >= kGemmGradXMinCD || !hopper_kernels_may_run(gy)))
     return {at::Tensor(), true};
-  // The adjoint planes: a copy, always: for c = 1 or d = 1 the transpose is already contiguous, and
-  // .contiguous() would return a view whose negation changed the caller's planes.
-  at::Tensor adj = planes.transpose(1, 2).clone(at::MemoryFormat::Contiguous);
-  adj.select(0, 2).neg_();
-  if (!may_gemm) return {eq_linear_fwd(gy, adj, std::nullopt), false};
   check_device_supported(gy);
+  // The adjoint planes (4, c, d): one kernel (transposed, PI negated).
+  const at::Tensor pc = planes.contiguous();
+  at::Tensor adj = at::empty({4, c, d}, planes.options());
+  if (adj.numel() > 0) {
+    const cudaError_t err = eq_adjoint_planes(pc.data_ptr(), adj.data_ptr(), d, c,
+                                              static_cast<int>(pc.element_size()), at::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: adjoint planes failed: ", cudaGetErrorString(err));
+  }
+  if (!may_gemm) return {eq_linear_fwd(gy, adj, std::nullopt), false};
   at::Tensor gx = at::empty({gy.size(0), 4 * c}, gy.options());
   at::Tensor planes_out = gf != nullptr ? at::empty_like(gy, at::MemoryFormat::Contiguous) : at::Tensor();
   if (!fwd_sm90_16bit(gy, adj, at::Tensor(), gx, planes_out)) return {at::Tensor(), true};
@@ -492,8 +496,12 @@ void bwd_from_planes(const at::Tensor& gy, const at::Tensor& gf_made, const at::
                           elem, bf16, stream);
     TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: pair combine failed: ", cudaGetErrorString(err));
   }
-  if (needs_b && made) {
-    gb = gf.narrow(1, 0, d).sum(0, false, at::kFloat).to(gy.scalar_type());
+  if (needs_b && made) {  // the column sums of g0, the first column block
+    gb = at::empty({d}, gy.options());
+    const at::Tensor partial = at::empty({eq_block_column_chunks(M), d}, gy.options().dtype(at::kFloat));
+    err = eq_block_column_sums(gf.data_ptr(), M, d, 4 * d, partial.data_ptr<float>(), gb.data_ptr(), elem, bf16,
+                               stream);
+    TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: column sums failed: ", cudaGetErrorString(err));
   } else if (needs_b) {
     gb = at::empty({d}, gy.options());
     err = eq_column_sums(sums.data_ptr<float>(), gb.data_ptr(), sums.size(0), d, elem, bf16, stream);

@@ -1,5 +1,6 @@
-// Small plane-sized passes of the GEMM forms; see eq_plane_blocks.h. Grid-stride loops, one element
-// per thread and step: the tensors are weight-sized (d x c), so these are launch-bound, not bandwidth-bound.
+// Small passes of the GEMM forms; see eq_plane_blocks.h. The plane-sized ones are grid-stride loops, one
+// element per thread and step: the tensors are weight-sized (d x c), so these are launch-bound, not
+// bandwidth-bound. The block column sums read an activation-sized block: 16-byte loads, many in flight.
 
 #include <cstdint>
 #include <type_traits>
@@ -60,6 +61,68 @@ __global__ void __launch_bounds__(256) column_sums_kernel(const float* __restric
   }
 }
 
+// 32 x 32 tiles through shared memory (a padded row: no bank conflicts), so that both the reads of
+// planes and the writes of adj are row-contiguous; blockIdx.z is the plane.
+template <class U>
+__global__ void __launch_bounds__(256) adjoint_planes_kernel(const U* __restrict__ planes, U* __restrict__ adj,
+                                                             int64_t d, int64_t c) {
+  constexpr U kSign = U(U(1) << (8 * sizeof(U) - 1));
+  __shared__ U tile[32][33];
+  const int64_t plane = blockIdx.z, i0 = int64_t(blockIdx.x) * 32, o0 = int64_t(blockIdx.y) * 32;
+  const U flip = plane == 2 ? kSign : U(0);
+  const U* src = planes + plane * d * c;
+  U* dst = adj + plane * d * c;
+  for (int r = threadIdx.y; r < 32; r += 8) {  // planes row o0 + r, columns i0 + threadIdx.x
+    const int64_t o = o0 + r, i = i0 + threadIdx.x;
+    if (o < d && i < c) tile[r][threadIdx.x] = U(src[o * c + i] ^ flip);
+  }
+  __syncthreads();
+  for (int r = threadIdx.y; r < 32; r += 8) {  // adj row i0 + r, columns o0 + threadIdx.x
+    const int64_t i = i0 + r, o = o0 + threadIdx.x;
+    if (i < c && o < d) dst[i * d + o] = tile[threadIdx.x][r];
+  }
+}
+
+// Per-chunk column sums: a block covers kColumnSumRows rows and 32 * V columns; warp w of 8 sums rows
+// w, w + 8, ... of the chunk (a warp reads 32 * V contiguous elements of one row), then the 8 warps'
+// sums are added in shared memory (fixed order: deterministic).
+template <class T, int V>
+__global__ void __launch_bounds__(256) block_column_partials_kernel(const T* __restrict__ t, float* __restrict__ partial,
+                                                                    int64_t rows, int64_t n, int64_t ld) {
+  __shared__ float sums[8][32 * V];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t col = (int64_t(blockIdx.x) * 32 + lane) * V;
+  const int64_t r0 = int64_t(blockIdx.y) * kColumnSumRows;
+  const int64_t r1 = r0 + kColumnSumRows < rows ? r0 + kColumnSumRows : rows;
+  float acc[V] = {};
+  if (col < n) {
+#pragma unroll 4
+    for (int64_t r = r0 + warp; r < r1; r += 8) {
+      const T* row = t + r * ld + col;
+      if constexpr (V == 1) {
+        acc[0] += to_float(row[0]);
+      } else {
+        static_assert(V * sizeof(T) == 16, "V: one 16-byte load");
+        const uint4 raw = *reinterpret_cast<const uint4*>(row);
+        const T* v = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] += to_float(v[j]);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j) sums[warp][lane * V + j] = acc[j];
+  __syncthreads();
+  for (int k = threadIdx.x; k < 32 * V; k += 256) {
+    const int64_t cc = int64_t(blockIdx.x) * 32 * V + k;
+    if (cc >= n) continue;
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) s += sums[w][k];
+    partial[int64_t(blockIdx.y) * n + cc] = s;
+  }
+}
+
 template <class T>
 cudaError_t pair_combine(const float* q, void* pr, void* pi, int64_t d, int64_t c, float s, cudaStream_t stream) {
   pair_combine_kernel<T><<<blocks_for(d * c), 256, 0, stream>>>(q, static_cast<T*>(pr), static_cast<T*>(pi), d, c, s);
@@ -72,7 +135,51 @@ cudaError_t column_sums(const float* sums, void* out, int64_t chunks, int64_t n,
   return cudaGetLastError();
 }
 
+template <class T>
+cudaError_t block_column_sums(const T* t, int64_t rows, int64_t n, int64_t ld, float* partial, void* out,
+                              cudaStream_t stream) {
+  const int64_t chunks = eq_block_column_chunks(rows);
+  constexpr int kV = 16 / sizeof(T);
+  const bool wide = n % kV == 0 && ld % kV == 0 && reinterpret_cast<uintptr_t>(t) % 16 == 0;
+  const int v = wide ? kV : 1;
+  const dim3 grid(static_cast<unsigned>((n + 32 * v - 1) / (32 * v)), static_cast<unsigned>(chunks));
+  if (grid.y > 65535u) return cudaErrorInvalidConfiguration;  // > 16.7 M rows
+  if (chunks > 0) {
+    if (wide)
+      block_column_partials_kernel<T, kV><<<grid, 256, 0, stream>>>(t, partial, rows, n, ld);
+    else
+      block_column_partials_kernel<T, 1><<<grid, 256, 0, stream>>>(t, partial, rows, n, ld);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return column_sums<T>(partial, out, chunks, n, stream);
+}
+
 }  // namespace
+
+cudaError_t eq_adjoint_planes(const void* planes, void* adj, int64_t d, int64_t c, int elem_bytes,
+                              cudaStream_t stream) {
+  if (d < 1 || c < 1 || planes == nullptr || adj == nullptr) return cudaErrorInvalidValue;
+  const int64_t gx = (c + 31) / 32, gy = (d + 31) / 32;
+  if (gy > 65535) return cudaErrorInvalidConfiguration;
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), 4), block(32, 8);
+  if (elem_bytes == 4)
+    adjoint_planes_kernel<uint32_t><<<grid, block, 0, stream>>>(static_cast<const uint32_t*>(planes),
+                                                                static_cast<uint32_t*>(adj), d, c);
+  else
+    adjoint_planes_kernel<uint16_t><<<grid, block, 0, stream>>>(static_cast<const uint16_t*>(planes),
+                                                                static_cast<uint16_t*>(adj), d, c);
+  return cudaGetLastError();
+}
+
+cudaError_t eq_block_column_sums(const void* t, int64_t rows, int64_t n, int64_t ld, float* partial, void* out,
+                                 int elem_bytes, bool bf16, cudaStream_t stream) {
+  if (rows < 0 || n < 1 || ld < n || out == nullptr || (rows > 0 && (t == nullptr || partial == nullptr)))
+    return cudaErrorInvalidValue;
+  if (elem_bytes == 4) return block_column_sums(static_cast<const float*>(t), rows, n, ld, partial, out, stream);
+  return bf16 ? block_column_sums(static_cast<const __nv_bfloat16*>(t), rows, n, ld, partial, out, stream)
+              : block_column_sums(static_cast<const __half*>(t), rows, n, ld, partial, out, stream);
+}
 
 cudaError_t eq_complex_block(const void* planes, void* out, int64_t d, int64_t c, int elem_bytes,
                              cudaStream_t stream) {

@@ -26,4 +26,20 @@ cudaError_t eq_pair_combine(const float* q, void* pr, void* pi, int64_t d, int64
 cudaError_t eq_column_sums(const float* sums, void* out, int64_t chunks, int64_t n, int elem_bytes, bool bf16,
                            cudaStream_t stream);
 
+// planes (4, d, c) -> adj (4, c, d): each plane transposed, plane 2 (PI) negated by its sign bit: the
+// planes of the adjoint map, grad_x's operand for the forward kernels. One tiled pass.
+cudaError_t eq_adjoint_planes(const void* planes, void* adj, int64_t d, int64_t c, int elem_bytes,
+                              cudaStream_t stream);
+
+// Rows per chunk of eq_block_column_sums, and the chunks its FP32 workspace holds for `rows` rows.
+constexpr int64_t kColumnSumRows = 256;
+inline int64_t eq_block_column_chunks(int64_t rows) { return (rows + kColumnSumRows - 1) / kColumnSumRows; }
+
+// t: a (rows, n) block with a row stride of ld elements (a column block of a wider matrix) -> out (n,)
+// = its column sums in FP32, rounded once to the element type; deterministic (per-chunk sums into
+// partial (eq_block_column_chunks(rows), n) FP32, then eq_column_sums). 16-byte loads where t, n and ld
+// allow. grad_bias from the g0 block of grad_y's planes.
+cudaError_t eq_block_column_sums(const void* t, int64_t rows, int64_t n, int64_t ld, float* partial, void* out,
+                                 int elem_bytes, bool bf16, cudaStream_t stream);
+
 }  // namespace flash_eqlinear
