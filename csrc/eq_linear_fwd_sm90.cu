@@ -10,7 +10,7 @@
 // (rows 0-63 and 64-127) and release a stage through its "empty" mbarrier (one arrival per warp)
 // once the wgmma groups that read it have retired. So the pipeline fill of a tile overlaps the
 // previous tile's epilogue. setmaxnreg moves registers from the producer (24) to the consumers
-// (240: 128 accumulators, 32 double-buffered A registers); 40 / 232 in the xf-writing variant (below).
+// (240: 128 accumulators, 32 double-buffered A registers); 56 / 224 in the xf-writing variant (below).
 // Measured and dropped: clusters of 2 blocks sharing x through TMA multicast (a third less L2
 // traffic, no faster: the consumers, not L2, set the pace once the transform is cheap).
 
@@ -273,22 +273,36 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t base, uin
       mbar_wait(full_bar + 8 * s, (it / kStages) & 1);
       if (kt % p.num_n == n0 / kBN) {
         const uint32_t st = base + s * kStageBytes;
-        // 16-byte chunk q: sub-tile q / (8 kBM), row r, chunk j = channels 2j, 2j+1 of the sub-tile.
-        for (int q = wt; q < 2 * 8 * kBM; q += 32 * kXfWarps) {
-          const int sub = q / (8 * kBM), r = (q / 8) % kBM, j = q % 8;
-          const uint4 v = lds128(st + sub * kXSub + r * 128 + ((j ^ (r & 7)) << 4));
-          const int64_t m = static_cast<int64_t>(m0) + r;
-          const int ch = kt * kBK<T> + sub * 16 + 2 * j;  // c % 8 == 0: ch < c implies ch + 1 < c
-          if (m >= p.M || ch >= p.c) continue;
-          const float2 a = Elem<T>::unpack(v.x), b = Elem<T>::unpack(v.y);  // channel ch
-          const float2 e = Elem<T>::unpack(v.z), g = Elem<T>::unpack(v.w);  // channel ch + 1
-          float f[2][4];  // [channel][f0, f2, fR, fI]
-          dft4<false>(a.x, a.y, b.x, b.y, f[0][0], f[0][2], f[0][3], f[0][1]);
-          dft4<false>(e.x, e.y, g.x, g.y, f[1][0], f[1][2], f[1][3], f[1][1]);
-          T* dst = xf + m * ld + ch;
+        // 16-byte chunk q: sub-tile q / (8 kBM), row r, chunk j = channels 2j, 2j+1 of the sub-tile. j
+        // is the thread's own (the stride is a multiple of 8). kU chunks' loads are issued before their
+        // transforms: the stage is released only when its chunks are written, so the writers' latency
+        // per stage must stay below the ring's slack.
+        constexpr int kChunks = 2 * 8 * kBM, kStride = 32 * kXfWarps, kU = 3;
+        const int j = wt % 8;
+        for (int q0 = wt; q0 < kChunks; q0 += kU * kStride) {
+          uint4 v[kU];
 #pragma unroll
-          for (int pl = 0; pl < 4; ++pl)
-            *reinterpret_cast<uint32_t*>(dst + pl * p.c) = Elem<T>::pack(p.xf_scale * f[0][pl], p.xf_scale * f[1][pl]);
+          for (int u = 0; u < kU; ++u) {
+            const int q = q0 + u * kStride, sub = q / (8 * kBM), r = (q / 8) % kBM;
+            if (q < kChunks) v[u] = lds128(st + sub * kXSub + r * 128 + ((j ^ (r & 7)) << 4));
+          }
+#pragma unroll
+          for (int u = 0; u < kU; ++u) {
+            const int q = q0 + u * kStride, sub = q / (8 * kBM), r = (q / 8) % kBM;
+            const int64_t m = static_cast<int64_t>(m0) + r;
+            const int ch = kt * kBK<T> + sub * 16 + 2 * j;  // c % 8 == 0: ch < c implies ch + 1 < c
+            if (q >= kChunks || m >= p.M || ch >= p.c) continue;
+            const float2 a = Elem<T>::unpack(v[u].x), b = Elem<T>::unpack(v[u].y);  // channel ch
+            const float2 e = Elem<T>::unpack(v[u].z), g = Elem<T>::unpack(v[u].w);  // channel ch + 1
+            float f[2][4];  // [channel][f0, f2, fR, fI]
+            dft4<false>(a.x, a.y, b.x, b.y, f[0][0], f[0][2], f[0][3], f[0][1]);
+            dft4<false>(e.x, e.y, g.x, g.y, f[1][0], f[1][2], f[1][3], f[1][1]);
+            T* dst = xf + m * ld + ch;
+#pragma unroll
+            for (int pl = 0; pl < 4; ++pl)
+              *reinterpret_cast<uint32_t*>(dst + pl * p.c) =
+                  Elem<T>::pack(p.xf_scale * f[0][pl], p.xf_scale * f[1][pl]);
+          }
         }
       }
       __syncwarp();
@@ -297,10 +311,11 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t base, uin
   }
 }
 
-// kXf: the variant whose producer warps 1-3 write xf (fp16 / bf16 only). Its writers need 40 registers
-// (24 spill), so its consumers get 232 instead of 240 (no spills either; 128 x 40 + 256 x 232 = 128 x 24
-// + 256 x 240 = the 384 x 168 registers a block holds from its launch: setmaxnreg.inc waits for
-// registers the block's own setmaxnreg.dec released). The plain variant keeps 24 / 240.
+// kXf: the variant whose producer warps 1-3 write xf (fp16 / bf16 only). Its writers get 56 registers
+// (three chunks' loads in flight; at 40 they spill), so its consumers get 224 instead of 240 (no spills
+// either; 128 x 56 + 256 x 224 = 128 x 24 + 256 x 240 = the 384 x 168 registers a block holds from its
+// launch: setmaxnreg.inc waits for registers the block's own setmaxnreg.dec released). The plain variant
+// keeps 24 / 240.
 template <class T, bool kXf>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
@@ -322,7 +337,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
   __syncthreads();
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
-    setmaxnreg_dec<kXf ? 40 : 24>();
+    setmaxnreg_dec<kXf ? 56 : 24>();
     if (writes_xf && threadIdx.x >= 32) {
       if constexpr (writes_xf) write_xf<T>(p, base, full_bar, empty_bar, num_tiles);
     } else if (threadIdx.x == 0) {
@@ -344,7 +359,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
       }
     }
   } else {
-    setmaxnreg_inc<kXf ? 232 : 240>();
+    setmaxnreg_inc<kXf ? 224 : 240>();
     consume<T>(p, base, full_bar, empty_bar, num_tiles);
   }
 #else

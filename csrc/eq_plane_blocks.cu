@@ -56,6 +56,7 @@ __global__ void __launch_bounds__(256) column_sums_kernel(const float* __restric
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < n; j += stride) {
     float s = 0.f;
+#pragma unroll 8  // independent loads in flight (a few hundred chunks, few threads: latency-bound)
     for (int64_t k = 0; k < chunks; ++k) s += sums[k * n + j];
     out[j] = from_float<T>(s);
   }
