@@ -84,38 +84,32 @@ __global__ void __launch_bounds__(256) adjoint_planes_kernel(const U* __restrict
   }
 }
 
-// Per-chunk column sums: a block covers kColumnSumRows rows and 32 * V columns; warp w of 8 sums rows
-// w, w + 8, ... of the chunk (a warp reads 32 * V contiguous elements of one row), then the 8 warps'
-// sums are added in shared memory (fixed order: deterministic).
-template <class T, int V>
+// Per-chunk column sums: a block covers kColumnSumRows rows and 32 * kV columns (kV per 16-byte load);
+// warp w of 8 sums rows w, w + 8, ... of the chunk (a warp reads 512 contiguous bytes of one row), then
+// the 8 warps' sums are added in shared memory (fixed order: deterministic).
+template <class T, int kV = 16 / sizeof(T)>
 __global__ void __launch_bounds__(256) block_column_partials_kernel(const T* __restrict__ t, float* __restrict__ partial,
                                                                     int64_t rows, int64_t n, int64_t ld) {
-  __shared__ float sums[8][32 * V];
+  __shared__ float sums[8][32 * kV];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t col = (int64_t(blockIdx.x) * 32 + lane) * V;
+  const int64_t col = (int64_t(blockIdx.x) * 32 + lane) * kV;
   const int64_t r0 = int64_t(blockIdx.y) * kColumnSumRows;
   const int64_t r1 = r0 + kColumnSumRows < rows ? r0 + kColumnSumRows : rows;
-  float acc[V] = {};
+  float acc[kV] = {};
   if (col < n) {
 #pragma unroll 4
     for (int64_t r = r0 + warp; r < r1; r += 8) {
-      const T* row = t + r * ld + col;
-      if constexpr (V == 1) {
-        acc[0] += to_float(row[0]);
-      } else {
-        static_assert(V * sizeof(T) == 16, "V: one 16-byte load");
-        const uint4 raw = *reinterpret_cast<const uint4*>(row);
-        const T* v = reinterpret_cast<const T*>(&raw);
+      const uint4 raw = *reinterpret_cast<const uint4*>(t + r * ld + col);
+      const T* v = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-        for (int j = 0; j < V; ++j) acc[j] += to_float(v[j]);
-      }
+      for (int j = 0; j < kV; ++j) acc[j] += to_float(v[j]);
     }
   }
 #pragma unroll
-  for (int j = 0; j < V; ++j) sums[warp][lane * V + j] = acc[j];
+  for (int j = 0; j < kV; ++j) sums[warp][lane * kV + j] = acc[j];
   __syncthreads();
-  for (int k = threadIdx.x; k < 32 * V; k += 256) {
-    const int64_t cc = int64_t(blockIdx.x) * 32 * V + k;
+  for (int k = threadIdx.x; k < 32 * kV; k += 256) {
+    const int64_t cc = int64_t(blockIdx.x) * 32 * kV + k;
     if (cc >= n) continue;
     float s = 0.f;
 #pragma unroll
@@ -139,17 +133,13 @@ cudaError_t column_sums(const float* sums, void* out, int64_t chunks, int64_t n,
 template <class T>
 cudaError_t block_column_sums(const T* t, int64_t rows, int64_t n, int64_t ld, float* partial, void* out,
                               cudaStream_t stream) {
-  const int64_t chunks = eq_block_column_chunks(rows);
   constexpr int kV = 16 / sizeof(T);
-  const bool wide = n % kV == 0 && ld % kV == 0 && reinterpret_cast<uintptr_t>(t) % 16 == 0;
-  const int v = wide ? kV : 1;
-  const dim3 grid(static_cast<unsigned>((n + 32 * v - 1) / (32 * v)), static_cast<unsigned>(chunks));
-  if (grid.y > 65535u) return cudaErrorInvalidConfiguration;  // > 16.7 M rows
+  if (n % kV != 0 || ld % kV != 0 || reinterpret_cast<uintptr_t>(t) % 16 != 0) return cudaErrorInvalidValue;
+  const int64_t chunks = eq_block_column_chunks(rows);
+  if (chunks > 65535) return cudaErrorInvalidConfiguration;  // > 16.7 M rows
   if (chunks > 0) {
-    if (wide)
-      block_column_partials_kernel<T, kV><<<grid, 256, 0, stream>>>(t, partial, rows, n, ld);
-    else
-      block_column_partials_kernel<T, 1><<<grid, 256, 0, stream>>>(t, partial, rows, n, ld);
+    const dim3 grid(static_cast<unsigned>((n + 32 * kV - 1) / (32 * kV)), static_cast<unsigned>(chunks));
+    block_column_partials_kernel<T><<<grid, 256, 0, stream>>>(t, partial, rows, n, ld);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }

@@ -37,8 +37,9 @@ inline int64_t eq_block_column_chunks(int64_t rows) { return (rows + kColumnSumR
 
 // t: a (rows, n) block with a row stride of ld elements (a column block of a wider matrix) -> out (n,)
 // = its column sums in FP32, rounded once to the element type; deterministic (per-chunk sums into
-// partial (eq_block_column_chunks(rows), n) FP32, then eq_column_sums). 16-byte loads where t, n and ld
-// allow. grad_bias from the g0 block of grad_y's planes.
+// partial (eq_block_column_chunks(rows), n) FP32, then eq_column_sums). 16-byte loads: t 16-byte
+// aligned, n and ld multiples of 16 bytes' elements (else cudaErrorInvalidValue). grad_bias from the g0
+// block of grad_y's planes.
 cudaError_t eq_block_column_sums(const void* t, int64_t rows, int64_t n, int64_t ld, float* partial, void* out,
                                  int elem_bytes, bool bf16, cudaStream_t stream);
 
