@@ -171,15 +171,17 @@ bool hopper_kernels_may_run(const at::Tensor& t) {
 
 // fp16 / bf16 (M, 4k) through the sm_90a forward kernel with planes (4, n, k) (n output channels), if
 // it runs for these tensors; else nothing is launched and false is returned. With xf (M, 4k), the kernel
-// also writes x's Fourier planes [f0 | f2 | fR | fI] * xf_scale there (FwdParams).
+// also writes x's Fourier planes [f0 | f2 | fR | fI] * xf_scale there, and with xf_sums
+// (eq_linear_fwd_sm90_sum_rows(M), k) FP32 partial column sums of f0 (FwdParams).
 bool fwd_sm90_16bit(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
-                    const at::Tensor& xf = at::Tensor(), float xf_scale = 1.f) {
+                    const at::Tensor& xf = at::Tensor(), float xf_scale = 1.f, const at::Tensor& xf_sums = at::Tensor()) {
   const int64_t M = x.size(0), n = planes.size(1), k = planes.size(2);
   if (M == 0) return true;
   FwdParams p{x.data_ptr(), planes.data_ptr(), bias.defined() ? bias.data_ptr() : nullptr, y.data_ptr(), M, k, n};
   if (xf.defined()) {
     p.xf = xf.data_ptr();
     p.xf_scale = xf_scale;
+    if (xf_sums.defined()) p.xf_sums = xf_sums.data_ptr<float>();
   }
   bool launched = false;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -430,12 +432,13 @@ std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool inp
 // unless the GEMM form takes it: with gemm_ok (the weight gradient makes grad_y's Fourier planes anyway)
 // for fp16 / bf16 as products_form says. Returns (grad_x, false), or (an empty tensor, true) when grad_x
 // is left to the GEMM form (bwd_from_planes). With gf and the Hopper kernel, that kernel also writes
-// grad_y's planes [g0 | g2 | gR | gI] (M, 4d) into *gf (else *gf stays undefined).
+// grad_y's planes [g0 | g2 | gR | gI] (M, 4d) into *gf and g0's partial column sums in FP32 into *g0_sums
+// (else both stay undefined).
 std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor& planes, bool gemm_ok,
-                                         at::Tensor* gf = nullptr) {
+                                         at::Tensor* gf = nullptr, at::Tensor* g0_sums = nullptr) {
   const ProductsForm form = products_form();
   const bool may_gemm = gemm_ok && gy.scalar_type() != at::kFloat && form != ProductsForm::kFused;
-  const int64_t c = planes.size(2), d = planes.size(1);
+  const int64_t M = gy.size(0), c = planes.size(2), d = planes.size(1);
   // (No Hopper kernel to try on other devices or with FLASH_EQLINEAR_SM90=0: no adjoint copy.)
   if (may_gemm && (form == ProductsForm::kGemm || c * d >= kGemmGradXMinCD || !hopper_kernels_may_run(gy)))
     return {at::Tensor(), true};
@@ -449,10 +452,13 @@ std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor&
     TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: adjoint planes failed: ", cudaGetErrorString(err));
   }
   if (!may_gemm) return {eq_linear_fwd(gy, adj, std::nullopt), false};
-  at::Tensor gx = at::empty({gy.size(0), 4 * c}, gy.options());
-  at::Tensor planes_out = gf != nullptr ? at::empty_like(gy, at::MemoryFormat::Contiguous) : at::Tensor();
-  if (!fwd_sm90_16bit(gy, adj, at::Tensor(), gx, planes_out)) return {at::Tensor(), true};
-  if (gf != nullptr && gy.size(0) > 0) *gf = planes_out;
+  at::Tensor gx = at::empty({M, 4 * c}, gy.options());
+  const bool write = gf != nullptr && M > 0;
+  const at::Tensor planes_out = write ? at::empty_like(gy, at::MemoryFormat::Contiguous) : at::Tensor();
+  const at::Tensor sums = write ? at::empty({eq_linear_fwd_sm90_sum_rows(M), d}, gy.options().dtype(at::kFloat))
+                                : at::Tensor();
+  if (!fwd_sm90_16bit(gy, adj, at::Tensor(), gx, planes_out, 1.f, sums)) return {at::Tensor(), true};
+  if (write) std::tie(*gf, *g0_sums) = std::make_tuple(planes_out, sums);
   return {gx, false};
 }
 
@@ -461,9 +467,10 @@ std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor&
 // grad_planes from x's planes: with kept, t holds them as eq_linear_fwd_xf returned them ([f0 | f2 | fR
 // | fI] / 2), else t is x and they are made here ([f0/2 | f2/2 | fR/r2 | fI/r2], group_dft's x layout;
 // only when needs_p). Not-needed outputs stay as passed in.
-// gf_made: grad_y's planes if grad_x's kernel wrote them (grad_x_fused), else undefined; then grad_bias
-// is the column sums of g0 (the rounded planes: one more rounding per element than the group DFT's sums).
-void bwd_from_planes(const at::Tensor& gy, const at::Tensor& gf_made, const at::Tensor& t, bool kept,
+// gf_made, g0_sums: grad_y's planes and g0's partial column sums if grad_x's kernel wrote them
+// (grad_x_fused), else undefined; grad_bias then sums g0_sums.
+void bwd_from_planes(const at::Tensor& gy, const at::Tensor& gf_made, const at::Tensor& g0_sums,
+                     const at::Tensor& t, bool kept,
                      const at::Tensor& planes, bool gx_gemm, bool needs_p, bool needs_b, at::Tensor& gx,
                      at::Tensor& gp, at::Tensor& gb) {
   const int64_t M = gy.size(0), d = planes.size(1), c = planes.size(2);
@@ -496,11 +503,12 @@ void bwd_from_planes(const at::Tensor& gy, const at::Tensor& gf_made, const at::
                           elem, bf16, stream);
     TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: pair combine failed: ", cudaGetErrorString(err));
   }
-  if (needs_b && made) {  // the column sums of g0, the first column block
+  if (needs_b && made) {  // the column sums of g0's FP32 partial sums
     gb = at::empty({d}, gy.options());
-    const at::Tensor partial = at::empty({eq_block_column_chunks(M), d}, gy.options().dtype(at::kFloat));
-    err = eq_block_column_sums(gf.data_ptr(), M, d, 4 * d, partial.data_ptr<float>(), gb.data_ptr(), elem, bf16,
-                               stream);
+    const int64_t rows = g0_sums.size(0);
+    const at::Tensor partial = at::empty({eq_block_column_chunks(rows), d}, g0_sums.options());
+    err = eq_block_column_sums(g0_sums.data_ptr<float>(), rows, d, partial.data_ptr<float>(), gb.data_ptr(), elem,
+                               bf16, stream);
     TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: column sums failed: ", cudaGetErrorString(err));
   } else if (needs_b) {
     gb = at::empty({d}, gy.options());
@@ -541,15 +549,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& grad_y, con
   const auto none = [&] { return at::empty({0}, gy.options()); };
   at::Tensor gx = none(), gp = none(), gb = none();
   bool gx_gemm = false;
-  at::Tensor gf;  // grad_y's planes, if grad_x's kernel writes them for the GEMM-form weight gradient
-  if (needs_x) std::tie(gx, gx_gemm) = grad_x_fused(gy, planes, gemm, gemm && needs_p ? &gf : nullptr);
+  at::Tensor gf, g0_sums;  // grad_y's planes, if grad_x's kernel writes them for the GEMM-form weight gradient
+  if (needs_x) std::tie(gx, gx_gemm) = grad_x_fused(gy, planes, gemm, gemm && needs_p ? &gf : nullptr, &g0_sums);
   if (!needs_p && !needs_b && !gx_gemm) return {gx, gp, gb};
   if (!gemm) {
     auto [p, b] = eq_linear_bwd_weight(t, gy);
     return {gx, needs_p ? p : gp, needs_b ? b : gb};
   }
   if (!needs_p && !gx_gemm) return {gx, gp, gy.sum(0, false, at::kFloat).view({d, 4}).sum(1).to(gy.scalar_type())};
-  bwd_from_planes(gy, gf, t, kept, planes, gx_gemm, needs_p, needs_b, gx, gp, gb);
+  bwd_from_planes(gy, gf, g0_sums, t, kept, planes, gx_gemm, needs_p, needs_b, gx, gp, gb);
   return {gx, gp, gb};
 }
 

@@ -86,6 +86,7 @@ struct Sm90Params {
   const void* bias;  // (d,) or nullptr
   void* y;           // (M, d, 4)
   void* xf;          // (M, 4c) or nullptr: FwdParams::xf
+  float* xf_sums;    // (3 num_m, c) or nullptr: FwdParams::xf_sums
   float xf_scale;
   int64_t M;
   int c, d, k_tiles, num_m, num_n;
@@ -273,35 +274,40 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t base, uin
       mbar_wait(full_bar + 8 * s, (it / kStages) & 1);
       if (kt % p.num_n == n0 / kBN) {
         const uint32_t st = base + s * kStageBytes;
-        // 16-byte chunk q: sub-tile q / (8 kBM), row r, chunk j = channels 2j, 2j+1 of the sub-tile. j
-        // is the thread's own (the stride is a multiple of 8). kU chunks' loads are issued before their
-        // transforms: the stage is released only when its chunks are written, so the writers' latency
-        // per stage must stay below the ring's slack.
-        constexpr int kChunks = 2 * 8 * kBM, kStride = 32 * kXfWarps, kU = 3;
+        // 16-byte chunk q: sub-tile q / (8 kBM), row r, chunk j = channels 2j, 2j+1 of the sub-tile (j is
+        // the thread's own: the stride is a multiple of 8).
         const int j = wt % 8;
-        for (int q0 = wt; q0 < kChunks; q0 += kU * kStride) {
-          uint4 v[kU];
+        float2 sum0 = make_float2(0.f, 0.f), sum1 = sum0;  // f0's sums (channels ch, ch + 1) per sub-tile
+        for (int q = wt; q < 2 * 8 * kBM; q += 32 * kXfWarps) {
+          const int sub = q / (8 * kBM), r = (q / 8) % kBM;
+          const uint4 v = lds128(st + sub * kXSub + r * 128 + ((j ^ (r & 7)) << 4));
+          const int64_t m = static_cast<int64_t>(m0) + r;
+          const int ch = kt * kBK<T> + sub * 16 + 2 * j;  // c % 8 == 0: ch < c implies ch + 1 < c
+          if (m >= p.M || ch >= p.c) continue;
+          const float2 a = Elem<T>::unpack(v.x), b = Elem<T>::unpack(v.y);  // channel ch
+          const float2 e = Elem<T>::unpack(v.z), g = Elem<T>::unpack(v.w);  // channel ch + 1
+          float f[2][4];  // [channel][f0, f2, fR, fI]
+          dft4<false>(a.x, a.y, b.x, b.y, f[0][0], f[0][2], f[0][3], f[0][1]);
+          dft4<false>(e.x, e.y, g.x, g.y, f[1][0], f[1][2], f[1][3], f[1][1]);
+          (sub == 0 ? sum0 : sum1) = sub == 0 ? make_float2(sum0.x + f[0][0], sum0.y + f[1][0])
+                                              : make_float2(sum1.x + f[0][0], sum1.y + f[1][0]);
+          T* dst = xf + m * ld + ch;
 #pragma unroll
-          for (int u = 0; u < kU; ++u) {
-            const int q = q0 + u * kStride, sub = q / (8 * kBM), r = (q / 8) % kBM;
-            if (q < kChunks) v[u] = lds128(st + sub * kXSub + r * 128 + ((j ^ (r & 7)) << 4));
-          }
+          for (int pl = 0; pl < 4; ++pl)
+            *reinterpret_cast<uint32_t*>(dst + pl * p.c) = Elem<T>::pack(p.xf_scale * f[0][pl], p.xf_scale * f[1][pl]);
+        }
+        if (p.xf_sums != nullptr) {  // lanes j, j + 8, j + 16, j + 24 hold channel pair j: add them
 #pragma unroll
-          for (int u = 0; u < kU; ++u) {
-            const int q = q0 + u * kStride, sub = q / (8 * kBM), r = (q / 8) % kBM;
-            const int64_t m = static_cast<int64_t>(m0) + r;
-            const int ch = kt * kBK<T> + sub * 16 + 2 * j;  // c % 8 == 0: ch < c implies ch + 1 < c
-            if (q >= kChunks || m >= p.M || ch >= p.c) continue;
-            const float2 a = Elem<T>::unpack(v[u].x), b = Elem<T>::unpack(v[u].y);  // channel ch
-            const float2 e = Elem<T>::unpack(v[u].z), g = Elem<T>::unpack(v[u].w);  // channel ch + 1
-            float f[2][4];  // [channel][f0, f2, fR, fI]
-            dft4<false>(a.x, a.y, b.x, b.y, f[0][0], f[0][2], f[0][3], f[0][1]);
-            dft4<false>(e.x, e.y, g.x, g.y, f[1][0], f[1][2], f[1][3], f[1][1]);
-            T* dst = xf + m * ld + ch;
+          for (int sub = 0; sub < 2; ++sub) {
+            float2 v = sub == 0 ? sum0 : sum1;
 #pragma unroll
-            for (int pl = 0; pl < 4; ++pl)
-              *reinterpret_cast<uint32_t*>(dst + pl * p.c) =
-                  Elem<T>::pack(p.xf_scale * f[0][pl], p.xf_scale * f[1][pl]);
+            for (int o = 8; o <= 16; o *= 2) {
+              v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
+              v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
+            }
+            const int ch = kt * kBK<T> + sub * 16 + 2 * j;
+            if (lane < 8 && ch < p.c)
+              *reinterpret_cast<float2*>(p.xf_sums + (static_cast<int64_t>(m0 / kBM) * kXfWarps + wt / 32) * p.c + ch) = v;
           }
         }
       }
@@ -312,7 +318,7 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t base, uin
 }
 
 // kXf: the variant whose producer warps 1-3 write xf (fp16 / bf16 only). Its writers get 56 registers
-// (three chunks' loads in flight; at 40 they spill), so its consumers get 224 instead of 240 (no spills
+// (with the f0 sums; at 40 they spill), so its consumers get 224 instead of 240 (no spills
 // either; 128 x 56 + 256 x 224 = 128 x 24 + 256 x 240 = the 384 x 168 registers a block holds from its
 // launch: setmaxnreg.inc waits for registers the block's own setmaxnreg.dec released). The plain variant
 // keeps 24 / 240.
@@ -449,6 +455,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.bias = p.bias;
   kp.y = p.y;
   kp.xf = p.xf;
+  kp.xf_sums = p.xf_sums;
   kp.xf_scale = p.xf_scale;
   kp.M = p.M;
   kp.c = static_cast<int>(p.c);

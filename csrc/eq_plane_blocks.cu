@@ -1,6 +1,6 @@
 // Small passes of the GEMM forms; see eq_plane_blocks.h. The plane-sized ones are grid-stride loops, one
 // element per thread and step: the tensors are weight-sized (d x c), so these are launch-bound, not
-// bandwidth-bound. The block column sums read an activation-sized block: 16-byte loads, many in flight.
+// bandwidth-bound. The block column sums: 16-byte loads, many in flight.
 
 #include <cstdint>
 #include <type_traits>
@@ -84,38 +84,34 @@ __global__ void __launch_bounds__(256) adjoint_planes_kernel(const U* __restrict
   }
 }
 
-// Per-chunk column sums: a block covers kColumnSumRows rows and 32 * kV columns (kV per 16-byte load);
-// warp w of 8 sums rows w, w + 8, ... of the chunk (a warp reads 512 contiguous bytes of one row), then
-// the 8 warps' sums are added in shared memory (fixed order: deterministic).
-template <class T, int kV = 16 / sizeof(T)>
-__global__ void __launch_bounds__(256) block_column_partials_kernel(const T* __restrict__ t, float* __restrict__ partial,
-                                                                    int64_t rows, int64_t n, int64_t ld) {
-  __shared__ float sums[8][32 * kV];
+// Per-chunk column sums: a block covers kColumnSumRows rows and 128 columns (4 per 16-byte load); warp
+// w of 8 sums rows w, w + 8, ... of the chunk (a warp reads 512 contiguous bytes of one row), then the 8
+// warps' sums are added in shared memory (fixed order: deterministic).
+__global__ void __launch_bounds__(256) block_column_partials_kernel(const float* __restrict__ t,
+                                                                    float* __restrict__ partial, int64_t rows,
+                                                                    int64_t n) {
+  __shared__ float4 sums[8][32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t col = (int64_t(blockIdx.x) * 32 + lane) * kV;
+  const int64_t col = (int64_t(blockIdx.x) * 32 + lane) * 4;
   const int64_t r0 = int64_t(blockIdx.y) * kColumnSumRows;
   const int64_t r1 = r0 + kColumnSumRows < rows ? r0 + kColumnSumRows : rows;
-  float acc[kV] = {};
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   if (col < n) {
 #pragma unroll 4
     for (int64_t r = r0 + warp; r < r1; r += 8) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(t + r * ld + col);
-      const T* v = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int j = 0; j < kV; ++j) acc[j] += to_float(v[j]);
+      const float4 v = *reinterpret_cast<const float4*>(t + r * n + col);
+      acc = make_float4(acc.x + v.x, acc.y + v.y, acc.z + v.z, acc.w + v.w);
     }
   }
-#pragma unroll
-  for (int j = 0; j < kV; ++j) sums[warp][lane * kV + j] = acc[j];
+  sums[warp][lane] = acc;
   __syncthreads();
-  for (int k = threadIdx.x; k < 32 * kV; k += 256) {
-    const int64_t cc = int64_t(blockIdx.x) * 32 * kV + k;
-    if (cc >= n) continue;
-    float s = 0.f;
+  const int k = threadIdx.x;  // column blockIdx.x * 128 + k
+  const int64_t cc = int64_t(blockIdx.x) * 128 + k;
+  if (k >= 128 || cc >= n) return;
+  float s = 0.f;
 #pragma unroll
-    for (int w = 0; w < 8; ++w) s += sums[w][k];
-    partial[int64_t(blockIdx.y) * n + cc] = s;
-  }
+  for (int w = 0; w < 8; ++w) s += reinterpret_cast<const float*>(&sums[w][0])[k];
+  partial[int64_t(blockIdx.y) * n + cc] = s;
 }
 
 template <class T>
@@ -131,15 +127,14 @@ cudaError_t column_sums(const float* sums, void* out, int64_t chunks, int64_t n,
 }
 
 template <class T>
-cudaError_t block_column_sums(const T* t, int64_t rows, int64_t n, int64_t ld, float* partial, void* out,
+cudaError_t block_column_sums(const float* t, int64_t rows, int64_t n, float* partial, void* out,
                               cudaStream_t stream) {
-  constexpr int kV = 16 / sizeof(T);
-  if (n % kV != 0 || ld % kV != 0 || reinterpret_cast<uintptr_t>(t) % 16 != 0) return cudaErrorInvalidValue;
+  if (n % 4 != 0 || reinterpret_cast<uintptr_t>(t) % 16 != 0) return cudaErrorInvalidValue;
   const int64_t chunks = eq_block_column_chunks(rows);
   if (chunks > 65535) return cudaErrorInvalidConfiguration;  // > 16.7 M rows
   if (chunks > 0) {
-    const dim3 grid(static_cast<unsigned>((n + 32 * kV - 1) / (32 * kV)), static_cast<unsigned>(chunks));
-    block_column_partials_kernel<T><<<grid, 256, 0, stream>>>(t, partial, rows, n, ld);
+    const dim3 grid(static_cast<unsigned>((n + 127) / 128), static_cast<unsigned>(chunks));
+    block_column_partials_kernel<<<grid, 256, 0, stream>>>(t, partial, rows, n);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
@@ -163,13 +158,13 @@ cudaError_t eq_adjoint_planes(const void* planes, void* adj, int64_t d, int64_t 
   return cudaGetLastError();
 }
 
-cudaError_t eq_block_column_sums(const void* t, int64_t rows, int64_t n, int64_t ld, float* partial, void* out,
-                                 int elem_bytes, bool bf16, cudaStream_t stream) {
-  if (rows < 0 || n < 1 || ld < n || out == nullptr || (rows > 0 && (t == nullptr || partial == nullptr)))
+cudaError_t eq_block_column_sums(const float* t, int64_t rows, int64_t n, float* partial, void* out, int elem_bytes,
+                                 bool bf16, cudaStream_t stream) {
+  if (rows < 0 || n < 1 || out == nullptr || (rows > 0 && (t == nullptr || partial == nullptr)))
     return cudaErrorInvalidValue;
-  if (elem_bytes == 4) return block_column_sums(static_cast<const float*>(t), rows, n, ld, partial, out, stream);
-  return bf16 ? block_column_sums(static_cast<const __nv_bfloat16*>(t), rows, n, ld, partial, out, stream)
-              : block_column_sums(static_cast<const __half*>(t), rows, n, ld, partial, out, stream);
+  if (elem_bytes == 4) return block_column_sums<float>(t, rows, n, partial, out, stream);
+  return bf16 ? block_column_sums<__nv_bfloat16>(t, rows, n, partial, out, stream)
+              : block_column_sums<__half>(t, rows, n, partial, out, stream);
 }
 
 cudaError_t eq_complex_block(const void* planes, void* out, int64_t d, int64_t c, int elem_bytes,

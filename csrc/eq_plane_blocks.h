@@ -35,12 +35,11 @@ cudaError_t eq_adjoint_planes(const void* planes, void* adj, int64_t d, int64_t 
 constexpr int64_t kColumnSumRows = 256;
 inline int64_t eq_block_column_chunks(int64_t rows) { return (rows + kColumnSumRows - 1) / kColumnSumRows; }
 
-// t: a (rows, n) block with a row stride of ld elements (a column block of a wider matrix) -> out (n,)
-// = its column sums in FP32, rounded once to the element type; deterministic (per-chunk sums into
-// partial (eq_block_column_chunks(rows), n) FP32, then eq_column_sums). 16-byte loads: t 16-byte
-// aligned, n and ld multiples of 16 bytes' elements (else cudaErrorInvalidValue). grad_bias from the g0
-// block of grad_y's planes.
-cudaError_t eq_block_column_sums(const void* t, int64_t rows, int64_t n, int64_t ld, float* partial, void* out,
-                                 int elem_bytes, bool bf16, cudaStream_t stream);
+// t (rows, n) FP32 -> out (n,) = its column sums, rounded once to the element type; deterministic
+// (per-chunk sums into partial (eq_block_column_chunks(rows), n) FP32, then eq_column_sums). 16-byte
+// loads: t 16-byte aligned, n % 4 == 0 (else cudaErrorInvalidValue). grad_bias from the partial sums
+// of g0 that the Hopper kernel writes.
+cudaError_t eq_block_column_sums(const float* t, int64_t rows, int64_t n, float* partial, void* out, int elem_bytes,
+                                 bool bf16, cudaStream_t stream);
 
 }  // namespace flash_eqlinear
