@@ -43,8 +43,8 @@
 // backward that would otherwise make them in a pass of its own. Warps 1-3 of the producer warpgroup
 // (idle otherwise) wait for each stage, read its x tile (conflict-free LDS.128: a quarter-warp reads
 // the 8 chunks of one row), transform in FP32, round once and store; each (row tile, k tile) is written
-// by one block of the row tile's num_n, the one whose n tile is (k tile / 2) % num_n, so the stores
-// spread over the blocks and each plane's 128-byte lines (64 channels: two k tiles) come from one SM. They release the stage like a consumer warp (the "empty" count grows by 3). The
+// by one block of the row tile's num_n, the one whose n tile is k tile % num_n, so the stores spread
+// over the blocks. They release the stage like a consumer warp (the "empty" count grows by 3). The
 // consumers' instruction stream is unchanged: their issue rate sets the pace.
 //
 // Requirements (checked by the host, which otherwise falls back to the portable kernels): an sm_90
@@ -272,7 +272,7 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t base, uin
     for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
       const int s = it % kStages;
       mbar_wait(full_bar + 8 * s, (it / kStages) & 1);
-      if ((kt / 2) % p.num_n == n0 / kBN) {
+      if (kt % p.num_n == n0 / kBN) {
         const uint32_t st = base + s * kStageBytes;
         // 16-byte chunk q: sub-tile q / (8 kBM), row r, chunk j = channels 2j, 2j+1 of the sub-tile (j is
         // the thread's own: the stride is a multiple of 8).
