@@ -35,7 +35,7 @@ struct FwdParams {
   // blocks (M, 4c) = [f0 | f2 | fR | fI] * xf_scale, written as a by-product (16-byte aligned).
   void* xf = nullptr;
   float xf_scale = 1.f;
-  // Optional with xf: f0's column sums in FP32 before rounding, per 32-row group and writer warp:
+  // Optional with xf: f0's column sums in FP32 before rounding, per 128-row tile and writer warp:
   // (eq_linear_fwd_sm90_sum_rows(M), c) partial sums whose column sums are those of f0 (grad_bias from
   // grad_y's planes, without the planes' rounding).
   float* xf_sums = nullptr;

@@ -42,10 +42,9 @@
 // Optional by-product (fp16 / bf16, FwdParams::xf): x's Fourier planes as column blocks (M, 4c), for a
 // backward that would otherwise make them in a pass of its own. Warps 1-3 of the producer warpgroup
 // (idle otherwise) wait for each stage, read its x tile (conflict-free LDS.128: a quarter-warp reads
-// the 8 chunks of one row), transform in FP32, round once and store; each (row tile, k tile, 32-row
-// group g) is written by one block of the row tile's num_n, the one whose n tile is (4 k tile + g) %
-// num_n, so the stores spread over the blocks and over the stages (a block's writers hold up the ring
-// when they have a whole stage to write). They release the stage like a consumer warp (the "empty" count grows by 3). The
+// the 8 chunks of one row), transform in FP32, round once and store; each (row tile, k tile) is written
+// by one block of the row tile's num_n, the one whose n tile is k tile % num_n, so the stores spread
+// over the blocks. They release the stage like a consumer warp (the "empty" count grows by 3). The
 // consumers' instruction stream is unchanged: their issue rate sets the pace.
 //
 // Requirements (checked by the host, which otherwise falls back to the portable kernels): an sm_90
@@ -93,9 +92,6 @@ struct Sm90Params {
   int c, d, k_tiles, num_m, num_n;
 };
 constexpr int kXfWarps = 3;  // producer warps 1-3 write xf
-// A stage's x tile as xf writers see it: kXfGroups row groups, each written by one block of the row
-// tile (write_xf), so each block writes a little of many stages rather than whole stages now and then.
-constexpr int kXfGroups = 4, kXfGroupRows = kBM / kXfGroups;
 static_assert(32 * (1 + kXfWarps) == 128, "the producer warpgroup: the TMA warp and the xf writers");
 
 // Tile i of the persistent walk -> (first row, first output channel). (A template only so that
@@ -262,17 +258,11 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
   }
 }
 
-// Producer warps 1-3: x's Fourier planes of the row groups of each stage that fall to this block
-// (header), and with p.xf_sums f0's FP32 column sums per (row tile, row group, warp).
+// Producer warps 1-3: x's Fourier planes of the stages whose k tile falls to this block (header).
 template <class T>
 __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
                                          int64_t num_tiles) {
   const int wt = threadIdx.x - 32, lane = threadIdx.x & 31;  // wt: 0 .. 32 kXfWarps - 1
-  // Chunk t of a row group: row t / 16, sub-tile (t / 8) % 2, 16-byte chunk j = t % 8 (channels 2j, 2j + 1
-  // of the sub-tile). The stride is a multiple of 16: each thread keeps its sub-tile and j.
-  constexpr int kStride = 32 * kXfWarps;
-  static_assert(kStride % 16 == 0, "a fixed sub-tile and chunk per thread");
-  const int sub = (wt / 8) % 2, j = wt % 8;
   T* xf = static_cast<T*>(p.xf);
   const int64_t ld = 4 * static_cast<int64_t>(p.c);
   uint32_t it = 0;  // as the producer's
@@ -281,33 +271,44 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t base, uin
     tile_origin(p, tile, m0, n0);
     for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
       const int s = it % kStages;
-      const uint32_t st = base + s * kStageBytes + sub * kXSub;
-      const int ch = kt * kBK<T> + sub * 16 + 2 * j;  // c % 8 == 0: ch < c implies ch + 1 < c
       mbar_wait(full_bar + 8 * s, (it / kStages) & 1);
-      for (int g = 0; g < kXfGroups; ++g) {
-        if ((kt * kXfGroups + g) % p.num_n != n0 / kBN) continue;
-        float2 sum = make_float2(0.f, 0.f);  // f0 of channels ch, ch + 1
-        for (int t = wt; t < 16 * kXfGroupRows; t += kStride) {
-          const int r = g * kXfGroupRows + t / 16;
-          const uint4 v = lds128(st + r * 128 + ((j ^ (r & 7)) << 4));
+      if (kt % p.num_n == n0 / kBN) {
+        const uint32_t st = base + s * kStageBytes;
+        // 16-byte chunk q: sub-tile q / (8 kBM), row r, chunk j = channels 2j, 2j+1 of the sub-tile (j is
+        // the thread's own: the stride is a multiple of 8).
+        const int j = wt % 8;
+        float2 sum0 = make_float2(0.f, 0.f), sum1 = sum0;  // f0's sums (channels ch, ch + 1) per sub-tile
+        for (int q = wt; q < 2 * 8 * kBM; q += 32 * kXfWarps) {
+          const int sub = q / (8 * kBM), r = (q / 8) % kBM;
+          const uint4 v = lds128(st + sub * kXSub + r * 128 + ((j ^ (r & 7)) << 4));
           const int64_t m = static_cast<int64_t>(m0) + r;
+          const int ch = kt * kBK<T> + sub * 16 + 2 * j;  // c % 8 == 0: ch < c implies ch + 1 < c
           if (m >= p.M || ch >= p.c) continue;
           const float2 a = Elem<T>::unpack(v.x), b = Elem<T>::unpack(v.y);  // channel ch
-          const float2 e = Elem<T>::unpack(v.z), h = Elem<T>::unpack(v.w);  // channel ch + 1
+          const float2 e = Elem<T>::unpack(v.z), g = Elem<T>::unpack(v.w);  // channel ch + 1
           float f[2][4];  // [channel][f0, f2, fR, fI]
           dft4<false>(a.x, a.y, b.x, b.y, f[0][0], f[0][2], f[0][3], f[0][1]);
-          dft4<false>(e.x, e.y, h.x, h.y, f[1][0], f[1][2], f[1][3], f[1][1]);
-          sum = make_float2(sum.x + f[0][0], sum.y + f[1][0]);
+          dft4<false>(e.x, e.y, g.x, g.y, f[1][0], f[1][2], f[1][3], f[1][1]);
+          (sub == 0 ? sum0 : sum1) = sub == 0 ? make_float2(sum0.x + f[0][0], sum0.y + f[1][0])
+                                              : make_float2(sum1.x + f[0][0], sum1.y + f[1][0]);
           T* dst = xf + m * ld + ch;
 #pragma unroll
           for (int pl = 0; pl < 4; ++pl)
             *reinterpret_cast<uint32_t*>(dst + pl * p.c) = Elem<T>::pack(p.xf_scale * f[0][pl], p.xf_scale * f[1][pl]);
         }
-        if (p.xf_sums != nullptr) {  // lanes l and l ^ 16 hold the same channel pair: add them
-          sum.x += __shfl_xor_sync(0xffffffffu, sum.x, 16);
-          sum.y += __shfl_xor_sync(0xffffffffu, sum.y, 16);
-          const int64_t row = (static_cast<int64_t>(m0 / kBM) * kXfGroups + g) * kXfWarps + wt / 32;
-          if (lane < 16 && ch < p.c) *reinterpret_cast<float2*>(p.xf_sums + row * p.c + ch) = sum;
+        if (p.xf_sums != nullptr) {  // lanes j, j + 8, j + 16, j + 24 hold channel pair j: add them
+#pragma unroll
+          for (int sub = 0; sub < 2; ++sub) {
+            float2 v = sub == 0 ? sum0 : sum1;
+#pragma unroll
+            for (int o = 8; o <= 16; o *= 2) {
+              v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
+              v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
+            }
+            const int ch = kt * kBK<T> + sub * 16 + 2 * j;
+            if (lane < 8 && ch < p.c)
+              *reinterpret_cast<float2*>(p.xf_sums + (static_cast<int64_t>(m0 / kBM) * kXfWarps + wt / 32) * p.c + ch) = v;
+          }
         }
       }
       __syncwarp();
