@@ -320,8 +320,9 @@ def flash_eq_linear(x, weight, bias=None, group_size: int = 4) -> torch.Tensor:
     kernels for T = 4 on CUDA in fp32/fp16/bf16, the pure-PyTorch path otherwise (the Fourier
     reference or the dense expansion, whichever is faster there: :func:`reference_form`). Under
     ``torch.autocast`` it casts like ``nn.Linear`` (inputs, weight and bias to the autocast dtype).
-    In training (grad enabled, weight requiring grad), large layers whose forward takes the GEMM form
-    keep x's Fourier planes for the backward instead of x, the same memory (``_gemm_training_forward``;
+    In training (grad enabled, weight requiring grad), layers whose weight gradient takes the GEMM form
+    keep x's Fourier planes for the backward instead of x, the same memory, where the forward makes them
+    anyway (the GEMM form) or nearly so (the Hopper kernel's writers) (``_gemm_training_forward``;
     ``FLASH_EQLINEAR_KEEP_PLANES=0``: x).
     """
     x, weight, bias = autocast_inputs(x, weight, bias)
