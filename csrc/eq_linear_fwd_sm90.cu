@@ -44,8 +44,10 @@
 // (idle otherwise) wait for each stage, read its x tile (conflict-free LDS.128: a quarter-warp reads
 // the 8 chunks of one row), transform in FP32, round once and store; each (row tile, k tile) is written
 // by one block of the row tile's num_n, the one whose n tile is k tile % num_n, so the stores spread
-// over the blocks. They release the stage like a consumer warp (the "empty" count grows by 3). The
-// consumers' instruction stream is unchanged: their issue rate sets the pace.
+// over the blocks. They release the stage like a consumer warp (the "empty" count grows by 3), so a
+// stage they write is held until they are done: +20-30% kernel time at c = 512 / 1024 (H100; schedules
+// that give the writers more stages cost more: benchmarks/README.md, v10). With xf_sums they also sum f0
+// in FP32 per (row tile, writer warp) before rounding (grad_bias).
 //
 // Requirements (checked by the host, which otherwise falls back to the portable kernels): an sm_90
 // device running sm_90a code, c % 8 == 0 (TMA row strides are multiples of 16 bytes), d even, x,
