@@ -169,6 +169,13 @@ bool hopper_kernels_may_run(const at::Tensor& t) {
   return sm90_path_enabled() && at::cuda::getDeviceProperties(t.get_device())->major == 9;
 }
 
+// Whether fp16 / bf16 plane products where the GEMM form is an option (grad_x next to the GEMM-form
+// weight gradient, the planes-keeping training forward) go to the Hopper kernel: by default below
+// kGemmGradXMinCD on Hopper devices (products_form).
+bool hopper_takes_products(const at::Tensor& t, int64_t cd) {
+  return products_form() == ProductsForm::kAuto && cd < kGemmGradXMinCD && hopper_kernels_may_run(t);
+}
+
 // fp16 / bf16 (M, 4k) through the sm_90a forward kernel with planes (4, n, k) (n output channels), if
 // it runs for these tensors; else nothing is launched and false is returned. With xf (M, 4k), the kernel
 // also writes x's Fourier planes [f0 | f2 | fR | fI] * xf_scale there, and with xf_sums
@@ -356,8 +363,7 @@ std::tuple<at::Tensor, at::Tensor> eq_linear_fwd_xf(const at::Tensor& x, const a
   const at::Tensor xc = x.contiguous(), pc = planes.contiguous();
   // fp16 / bf16 on Hopper below the GEMM form's size (as grad_x, kGemmGradXMinCD): the Hopper kernel,
   // writing the planes as a by-product.
-  if (x.scalar_type() != at::kFloat && products_form() == ProductsForm::kAuto && c * d < kGemmGradXMinCD &&
-      hopper_kernels_may_run(x)) {
+  if (x.scalar_type() != at::kFloat && hopper_takes_products(x, c * d)) {
     at::Tensor xf = at::empty({M, 4 * c}, x.options());
     if (fwd_sm90_16bit(xc, pc, b, y, xf, 0.5f)) return {y, xf};
   }
@@ -436,12 +442,10 @@ std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool inp
 // (else both stay undefined).
 std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor& planes, bool gemm_ok,
                                          at::Tensor* gf = nullptr, at::Tensor* g0_sums = nullptr) {
-  const ProductsForm form = products_form();
-  const bool may_gemm = gemm_ok && gy.scalar_type() != at::kFloat && form != ProductsForm::kFused;
+  const bool may_gemm = gemm_ok && gy.scalar_type() != at::kFloat && products_form() != ProductsForm::kFused;
   const int64_t M = gy.size(0), c = planes.size(2), d = planes.size(1);
   // (No Hopper kernel to try on other devices or with FLASH_EQLINEAR_SM90=0: no adjoint copy.)
-  if (may_gemm && (form == ProductsForm::kGemm || c * d >= kGemmGradXMinCD || !hopper_kernels_may_run(gy)))
-    return {at::Tensor(), true};
+  if (may_gemm && !hopper_takes_products(gy, c * d)) return {at::Tensor(), true};
   check_device_supported(gy);
   // The adjoint planes (4, c, d): one kernel (transposed, PI negated).
   const at::Tensor pc = planes.contiguous();
@@ -503,16 +507,16 @@ void bwd_from_planes(const at::Tensor& gy, const at::Tensor& gf_made, const at::
                           elem, bf16, stream);
     TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: pair combine failed: ", cudaGetErrorString(err));
   }
-  if (needs_b && made) {  // the column sums of g0's FP32 partial sums
+  if (needs_b) {  // column sums of f0's FP32 partial sums: g0_sums (many rows) or the group DFT's (few)
     gb = at::empty({d}, gy.options());
-    const int64_t rows = g0_sums.size(0);
-    const at::Tensor partial = at::empty({eq_block_column_chunks(rows), d}, g0_sums.options());
-    err = eq_block_column_sums(g0_sums.data_ptr<float>(), rows, d, partial.data_ptr<float>(), gb.data_ptr(), elem,
-                               bf16, stream);
-    TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: column sums failed: ", cudaGetErrorString(err));
-  } else if (needs_b) {
-    gb = at::empty({d}, gy.options());
-    err = eq_column_sums(sums.data_ptr<float>(), gb.data_ptr(), sums.size(0), d, elem, bf16, stream);
+    if (made) {
+      const int64_t rows = g0_sums.size(0);
+      const at::Tensor partial = at::empty({eq_block_column_chunks(rows), d}, g0_sums.options());
+      err = eq_block_column_sums(g0_sums.data_ptr<float>(), rows, d, partial.data_ptr<float>(), gb.data_ptr(),
+                                 elem, bf16, stream);
+    } else {
+      err = eq_column_sums(sums.data_ptr<float>(), gb.data_ptr(), sums.size(0), d, elem, bf16, stream);
+    }
     TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: column sums failed: ", cudaGetErrorString(err));
   }
 }

@@ -291,8 +291,13 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t base, uin
           float f[2][4];  // [channel][f0, f2, fR, fI]
           dft4<false>(a.x, a.y, b.x, b.y, f[0][0], f[0][2], f[0][3], f[0][1]);
           dft4<false>(e.x, e.y, g.x, g.y, f[1][0], f[1][2], f[1][3], f[1][1]);
-          (sub == 0 ? sum0 : sum1) = sub == 0 ? make_float2(sum0.x + f[0][0], sum0.y + f[1][0])
-                                              : make_float2(sum1.x + f[0][0], sum1.y + f[1][0]);
+          if (sub == 0) {
+            sum0.x += f[0][0];
+            sum0.y += f[1][0];
+          } else {
+            sum1.x += f[0][0];
+            sum1.y += f[1][0];
+          }
           T* dst = xf + m * ld + ch;
 #pragma unroll
           for (int pl = 0; pl < 4; ++pl)
