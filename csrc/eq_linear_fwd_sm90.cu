@@ -44,10 +44,11 @@
 // (idle otherwise) wait for each stage, read its x tile (conflict-free LDS.128: a quarter-warp reads
 // the 8 chunks of one row), transform in FP32, round once and store; each (row tile, k tile) is written
 // by one block of the row tile's num_n, the one whose n tile is k tile % num_n, so the stores spread
-// over the blocks. They release the stage like a consumer warp (the "empty" count grows by 3), so a
-// stage they write is held until they are done: +20-30% kernel time at c = 512 / 1024 (H100; schedules
-// that give the writers more stages cost more: benchmarks/README.md, v10). With xf_sums they also sum f0
-// in FP32 per (row tile, writer warp) before rounding (grad_bias).
+// over the blocks. They read a second copy of those x tiles, which the producer loads into a buffer of
+// their own (32 KB), not the ring's stage: reading the stage itself held it until they were done, +20-30%
+// kernel time at c = 512 / 1024 on an H100 (benchmarks/README.md, v10). The producer waits for the
+// buffer only when the writers are a whole written tile behind. With xf_sums they also sum f0 in FP32
+// per (row tile, writer warp) before rounding (grad_bias).
 //
 // Requirements (checked by the host, which otherwise falls back to the portable kernels): an sm_90
 // device running sm_90a code, c % 8 == 0 (TMA row strides are multiples of 16 bytes), d even, x,
@@ -83,6 +84,11 @@ constexpr uint32_t kXSub = kBM * 128;          // one 16-channel x sub-tile: 16 
 constexpr uint32_t kPlane = kBN * 64;           // one plane tile: 4 KB
 constexpr uint32_t kStageBytes = 2 * kXSub + 4 * kPlane;
 constexpr int kSmem = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers + alignment slack
+// The xf-writing variant: a second copy of the x tile of each stage it writes, in a buffer of its own
+// (1024-aligned after the barrier area, which then also holds its two barriers): 225 KB of the 227.
+constexpr uint32_t kXfBufOffset = kStages * kStageBytes + 1024;
+constexpr int kSmemXf = kXfBufOffset + 2 * kXSub + 1024;
+static_assert(2 * kStages * 8 + 16 <= 1024, "the barriers before the writers' buffer");
 
 struct Sm90Params {
   const void* bias;  // (d,) or nullptr
@@ -260,29 +266,28 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
   }
 }
 
-// Producer warps 1-3: x's Fourier planes of the stages whose k tile falls to this block (header).
+// Producer warps 1-3: x's Fourier planes of the k tiles that fall to this block (header), from the copy
+// of each that the producer loads into their buffer xbuf (xfull: landed; xempty: read, reusable).
 template <class T>
-__device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
+__device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uint32_t xfull, uint32_t xempty,
                                          int64_t num_tiles) {
   const int wt = threadIdx.x - 32, lane = threadIdx.x & 31;  // wt: 0 .. 32 kXfWarps - 1
   T* xf = static_cast<T*>(p.xf);
   const int64_t ld = 4 * static_cast<int64_t>(p.c);
-  uint32_t it = 0;  // as the producer's
+  uint32_t wi = 0;  // x tiles written so far (as the producer counts its loads into xbuf)
   for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     int m0, n0;
     tile_origin(p, tile, m0, n0);
-    for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
-      const int s = it % kStages;
-      mbar_wait(full_bar + 8 * s, (it / kStages) & 1);
+    for (int kt = 0; kt < p.k_tiles; ++kt) {
       if (kt % p.num_n == n0 / kBN) {
-        const uint32_t st = base + s * kStageBytes;
+        mbar_wait(xfull, wi & 1);
         // 16-byte chunk q: sub-tile q / (8 kBM), row r, chunk j = channels 2j, 2j+1 of the sub-tile (j is
         // the thread's own: the stride is a multiple of 8).
         const int j = wt % 8;
         float2 sum0 = make_float2(0.f, 0.f), sum1 = sum0;  // f0's sums (channels ch, ch + 1) per sub-tile
         for (int q = wt; q < 2 * 8 * kBM; q += 32 * kXfWarps) {
           const int sub = q / (8 * kBM), r = (q / 8) % kBM;
-          const uint4 v = lds128(st + sub * kXSub + r * 128 + ((j ^ (r & 7)) << 4));
+          const uint4 v = lds128(xbuf + sub * kXSub + r * 128 + ((j ^ (r & 7)) << 4));
           const int64_t m = static_cast<int64_t>(m0) + r;
           const int ch = kt * kBK<T> + sub * 16 + 2 * j;  // c % 8 == 0: ch < c implies ch + 1 < c
           if (m >= p.M || ch >= p.c) continue;
@@ -317,9 +322,10 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t base, uin
               *reinterpret_cast<float2*>(p.xf_sums + (static_cast<int64_t>(m0 / kBM) * kXfWarps + wt / 32) * p.c + ch) = v;
           }
         }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(xempty);
+        ++wi;
       }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty_bar + 8 * s);
     }
   }
 }
@@ -337,13 +343,18 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need aligned bases
   const uint32_t full_bar = base + kStages * kStageBytes, empty_bar = full_bar + 8 * kStages;
+  const uint32_t xfull = empty_bar + 8 * kStages, xempty = xfull + 8, xbuf = base + kXfBufOffset;  // kXf only
   const int64_t num_tiles = static_cast<int64_t>(p.num_m) * p.num_n;
 
   constexpr bool writes_xf = kXf && sizeof(T) == 2;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_bar + 8 * s, 1);
-      mbar_init(empty_bar + 8 * s, kConsumerWarps + (writes_xf ? kXfWarps : 0));
+      mbar_init(empty_bar + 8 * s, kConsumerWarps);
+    }
+    if (writes_xf) {
+      mbar_init(xfull, 1);
+      mbar_init(xempty, kXfWarps);
     }
     mbar_fence_init();
   }
@@ -352,11 +363,12 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
     setmaxnreg_dec<kXf ? 56 : 24>();
     if (writes_xf && threadIdx.x >= 32) {
-      if constexpr (writes_xf) write_xf<T>(p, base, full_bar, empty_bar, num_tiles);
+      if constexpr (writes_xf) write_xf<T>(p, xbuf, xfull, xempty, num_tiles);
     } else if (threadIdx.x == 0) {
       tma_prefetch_desc(&tm_x);
       tma_prefetch_desc(&tm_p);
       uint32_t it = 0;  // k tiles issued so far, over all tiles (wraps harmlessly: kStages divides 2^32)
+      uint32_t wi = 0;  // x tiles loaded into the writers' buffer so far
       for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
         int m0, n0;
         tile_origin(p, tile, m0, n0);
@@ -368,6 +380,13 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
           tma_load_2d(st, &tm_x, kt * kBK<T> * 4, m0, bar);
           tma_load_2d(st + kXSub, &tm_x, kt * kBK<T> * 4 + 2 * kBK<T>, m0, bar);
           tma_load_3d(st + 2 * kXSub, &tm_p, kt * kBK<T>, n0, 0, bar);
+          if (writes_xf && kt % p.num_n == n0 / kBN) {  // this block writes k tile kt's planes: a copy
+            if (wi > 0) mbar_wait(xempty, (wi - 1) & 1);  // of its x tile for the writers
+            mbar_arrive_expect_tx(xfull, 2 * kXSub);
+            tma_load_2d(xbuf, &tm_x, kt * kBK<T> * 4, m0, xfull);
+            tma_load_2d(xbuf + kXSub, &tm_x, kt * kBK<T> * 4 + 2 * kBK<T>, m0, xfull);
+            ++wi;
+          }
         }
       }
     }
@@ -442,7 +461,8 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (e != cudaSuccess) return e;
-  if (major != 9 || smem_optin < kSmem || !runs_sm90a<T>(dev)) return cudaSuccess;
+  const int smem = p.xf != nullptr ? kSmemXf : kSmem;
+  if (major != 9 || smem_optin < smem || !runs_sm90a<T>(dev)) return cudaSuccess;
 
   const int64_t num_m = (p.M + kBM - 1) / kBM, num_n = (p.d + kBN - 1) / kBN;
   if (num_m * num_n > 0x7fffffff) return cudaSuccess;
@@ -471,10 +491,10 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.num_m = static_cast<int>(num_m);
   kp.num_n = static_cast<int>(num_n);
   auto kernel = p.xf != nullptr ? eq_linear_fwd_sm90_kernel<T, true> : eq_linear_fwd_sm90_kernel<T, false>;
-  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_m * num_n, num_sms));
-  kernel<<<grid, kThreads, kSmem, stream>>>(tm_x, tm_p, kp);
+  kernel<<<grid, kThreads, smem, stream>>>(tm_x, tm_p, kp);
   *launched = true;
   return cudaGetLastError();
 }
