@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build, GPU tests, compute-sanitizer, benchmarks on a CUDA machine; full logs under $OUT
 # (default /tmp/out), a short summary last.
-# Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-bwd] [bench-train] [bench-3xtf32] [profile-bwd] [profile-net] [net] [bench-quick] [narrow] [fp32-tiles]
+# Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-bwd] [bench-train] [bench-3xtf32] [profile-bwd] [profile-net] [net] [bench-quick] [narrow] [fp32-tiles] [xf-writer]
 # (default: build test sanitize bench)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -77,6 +77,10 @@ fi
 if has fp32-tiles; then  # each exact-FP32 tile forced, against F.linear (FP32_TILES_ARGS: e.g. "--cs 64,512")
   python3 benchmarks/bench_fp32_tiles.py ${FP32_TILES_ARGS:-} >"$OUT/fp32_tiles.log" 2>&1; summary+=("fp32-tiles rc=$?")
   grep "^|" "$OUT/fp32_tiles.log"
+fi
+if has xf-writer; then  # the Hopper forward with and without the planes writers (XF_WRITER_ARGS: e.g. "--cs 512")
+  python3 benchmarks/bench_xf_writer.py ${XF_WRITER_ARGS:-} >"$OUT/xf_writer.log" 2>&1; summary+=("xf-writer rc=$?")
+  cat "$OUT/xf_writer.log"
 fi
 # One archive: $OUT brings back a limited number of files.
 tar czf "$OUT/results.tgz" $res 2>/dev/null
