@@ -56,7 +56,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through the runtime
@@ -278,54 +277,41 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uin
   for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     int m0, n0;
     tile_origin(p, tile, m0, n0);
-    for (int kt = 0; kt < p.k_tiles; ++kt) {
-      if (kt % p.num_n == n0 / kBN) {
-        mbar_wait(xfull, wi & 1);
-        // 16-byte chunk q: sub-tile q / (8 kBM), row r, chunk j = channels 2j, 2j+1 of the sub-tile (j is
-        // the thread's own: the stride is a multiple of 8).
-        const int j = wt % 8;
-        float2 sum0 = make_float2(0.f, 0.f), sum1 = sum0;  // f0's sums (channels ch, ch + 1) per sub-tile
-        for (int q = wt; q < 2 * 8 * kBM; q += 32 * kXfWarps) {
-          const int sub = q / (8 * kBM), r = (q / 8) % kBM;
+    const int rows = static_cast<int>(std::min<int64_t>(kBM, p.M - m0));
+    // this warp's f0 sums of the row tile: row (m0 / kBM) kXfWarps + wt / 32 of xf_sums
+    float* const sums = p.xf_sums == nullptr ? nullptr : p.xf_sums + static_cast<int64_t>(m0 / kBM * kXfWarps + wt / 32) * p.c;
+    for (int kt = n0 / kBN; kt < p.k_tiles; kt += p.num_n) {  // the k tiles that fall to this block
+      mbar_wait(xfull, wi & 1);
+      // Thread wt: chunk j = wt % 8 (channels 2j, 2j + 1) of sub-tile (wt / 8) % 2 in rows wt / 16, + 6, ...;
+      // a half-warp covers a row's 32 channels, so each plane store of a warp is two 64-byte segments.
+      const int j = wt % 8, sub = (wt / 8) % 2;
+      const int ch = kt * kBK<T> + sub * 16 + 2 * j;  // c % 8 == 0: ch < c implies ch + 1 < c
+      constexpr int kRowStep = 32 * kXfWarps / 16;
+      float2 sum = make_float2(0.f, 0.f);  // f0's sums (channels ch, ch + 1)
+      if (ch < p.c) {
+        T* dst = xf + (static_cast<int64_t>(m0) + wt / 16) * ld + ch;
+        for (int r = wt / 16; r < rows; r += kRowStep, dst += kRowStep * ld) {
           const uint4 v = lds128(xbuf + sub * kXSub + r * 128 + ((j ^ (r & 7)) << 4));
-          const int64_t m = static_cast<int64_t>(m0) + r;
-          const int ch = kt * kBK<T> + sub * 16 + 2 * j;  // c % 8 == 0: ch < c implies ch + 1 < c
-          if (m >= p.M || ch >= p.c) continue;
           const float2 a = Elem<T>::unpack(v.x), b = Elem<T>::unpack(v.y);  // channel ch
           const float2 e = Elem<T>::unpack(v.z), g = Elem<T>::unpack(v.w);  // channel ch + 1
           float f[2][4];  // [channel][f0, f2, fR, fI]
           dft4<false>(a.x, a.y, b.x, b.y, f[0][0], f[0][2], f[0][3], f[0][1]);
           dft4<false>(e.x, e.y, g.x, g.y, f[1][0], f[1][2], f[1][3], f[1][1]);
-          if (sub == 0) {
-            sum0.x += f[0][0];
-            sum0.y += f[1][0];
-          } else {
-            sum1.x += f[0][0];
-            sum1.y += f[1][0];
-          }
-          T* dst = xf + m * ld + ch;
+          sum.x += f[0][0];
+          sum.y += f[1][0];
 #pragma unroll
           for (int pl = 0; pl < 4; ++pl)
             *reinterpret_cast<uint32_t*>(dst + pl * p.c) = Elem<T>::pack(p.xf_scale * f[0][pl], p.xf_scale * f[1][pl]);
         }
-        if (p.xf_sums != nullptr) {  // lanes j, j + 8, j + 16, j + 24 hold channel pair j: add them
-#pragma unroll
-          for (int sub = 0; sub < 2; ++sub) {
-            float2 v = sub == 0 ? sum0 : sum1;
-#pragma unroll
-            for (int o = 8; o <= 16; o *= 2) {
-              v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
-              v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
-            }
-            const int ch = kt * kBK<T> + sub * 16 + 2 * j;
-            if (lane < 8 && ch < p.c)
-              *reinterpret_cast<float2*>(p.xf_sums + (static_cast<int64_t>(m0 / kBM) * kXfWarps + wt / 32) * p.c + ch) = v;
-          }
-        }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(xempty);
-        ++wi;
       }
+      if (sums != nullptr) {  // lanes l and l ^ 16 hold the same channel pair: add them
+        sum.x += __shfl_xor_sync(0xffffffffu, sum.x, 16);
+        sum.y += __shfl_xor_sync(0xffffffffu, sum.y, 16);
+        if (lane < 16 && ch < p.c) *reinterpret_cast<float2*>(sums + ch) = sum;
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(xempty);
+      ++wi;
     }
   }
 }
