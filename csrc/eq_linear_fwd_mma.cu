@@ -108,8 +108,8 @@ eq_linear_fwd_mma_kernel(const KParams p) {
   const int warp_m = warp % C::kWarpsM, warp_n = warp / C::kWarpsM;
 
   int64_t m_tile, n_tile;
-  grouped_tile(static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x, gridDim.x, gridDim.y, m_tile,
-               n_tile);
+  grouped_tile<int64_t>(static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x, gridDim.x, gridDim.y, m_tile,
+                        n_tile);
   const int64_t m0 = m_tile * BM;
   const int n0 = static_cast<int>(n_tile) * BN;
   const int64_t M = p.M;

@@ -104,11 +104,11 @@ static_assert(32 * (1 + kXfWarps) == 128, "the producer warpgroup: the TMA warp 
 // Tile i of the persistent walk -> (first row, first output channel). (A template only so that
 // targets without the kernel body, which never call it, do not warn.)
 template <class P>
-__device__ __forceinline__ void tile_origin(const P& p, int64_t tile, int& m0, int& n0) {
-  int64_t m_tile, n_tile;
-  grouped_tile(tile, p.num_m, p.num_n, m_tile, n_tile);
-  m0 = static_cast<int>(m_tile) * kBM;
-  n0 = static_cast<int>(n_tile) * kBN;
+__device__ __forceinline__ void tile_origin(const P& p, int tile, int& m0, int& n0) {
+  int m_tile, n_tile;
+  grouped_tile(tile, p.num_m, p.num_n, m_tile, n_tile);  // 32-bit: the host bounds the tile count
+  m0 = m_tile * kBM;
+  n0 = n_tile * kBN;
 }
 
 // TF32 counterpart of xform_h2: one channel's 4 group values (FP32) -> its F0, FR, FI, F2 fragment
@@ -136,7 +136,7 @@ __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
 template <class T>
 __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
-                                        int64_t num_tiles) {
+                                        int num_tiles) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, t = lane & 3, odd = gid & 1;
   const int row = (warp - 4) * 16 + gid;  // tile row of regs 0/2; +8 for regs 1/3
@@ -149,7 +149,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
   T* y = static_cast<T*>(p.y);
 
   uint32_t it = 0;  // k tiles consumed so far, over all tiles: stage it % kStages, phase (it / kStages) & 1
-  for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     int m0, n0;
     tile_origin(p, tile, m0, n0);
     // The tile's bias pairs (o, o+1) for o = n0 + 8 j + 2 t, loaded now: their latency hides behind
@@ -269,12 +269,12 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
 // of each that the producer loads into their buffer xbuf (xfull: landed; xempty: read, reusable).
 template <class T>
 __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uint32_t xfull, uint32_t xempty,
-                                         int64_t num_tiles) {
+                                         int num_tiles) {
   const int wt = threadIdx.x - 32, lane = threadIdx.x & 31;  // wt: 0 .. 32 kXfWarps - 1
   T* xf = static_cast<T*>(p.xf);
   const int64_t ld = 4 * static_cast<int64_t>(p.c);
   uint32_t wi = 0;  // x tiles written so far (as the producer counts its loads into xbuf)
-  for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     int m0, n0;
     tile_origin(p, tile, m0, n0);
     const int rows = static_cast<int>(std::min<int64_t>(kBM, p.M - m0));
@@ -330,7 +330,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need aligned bases
   const uint32_t full_bar = base + kStages * kStageBytes, empty_bar = full_bar + 8 * kStages;
   const uint32_t xfull = empty_bar + 8 * kStages, xempty = xfull + 8, xbuf = base + kXfBufOffset;  // kXf only
-  const int64_t num_tiles = static_cast<int64_t>(p.num_m) * p.num_n;
+  const int num_tiles = p.num_m * p.num_n;
 
   constexpr bool writes_xf = kXf && sizeof(T) == 2;
   if (threadIdx.x == 0) {
@@ -355,7 +355,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
       tma_prefetch_desc(&tm_p);
       uint32_t it = 0;  // k tiles issued so far, over all tiles (wraps harmlessly: kStages divides 2^32)
       uint32_t wi = 0;  // x tiles loaded into the writers' buffer so far
-      for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
         int m0, n0;
         tile_origin(p, tile, m0, n0);
         for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
@@ -451,7 +451,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   if (major != 9 || smem_optin < smem || !runs_sm90a<T>(dev)) return cudaSuccess;
 
   const int64_t num_m = (p.M + kBM - 1) / kBM, num_n = (p.d + kBN - 1) / kBN;
-  if (num_m * num_n > 0x7fffffff) return cudaSuccess;
+  if (num_m * num_n > 0x7fffffff - 1024) return cudaSuccess;  // int tile ids (+ the grid stride)
 
   CUtensorMap tm_x, tm_p;
   const cuuint64_t x_dims[2] = {static_cast<cuuint64_t>(4 * p.c), static_cast<cuuint64_t>(p.M)};

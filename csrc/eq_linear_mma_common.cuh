@@ -166,12 +166,13 @@ __device__ __forceinline__ void inverse_dft4(float a0, float a2, float ar, float
 // Block order for L2 reuse: consecutive linear block ids sweep all num_n d tiles of a group of
 // kGroupM M tiles, so the blocks resident at once share a few x panels and plane tiles.
 constexpr int kGroupM = 8;
-__device__ __forceinline__ void grouped_tile(int64_t lin, int64_t num_m, int64_t num_n, int64_t& m_tile,
-                                             int64_t& n_tile) {
-  const int64_t span = kGroupM * num_n;
-  const int64_t grp = lin / span, rem = lin - grp * span;
-  const int64_t first_m = grp * kGroupM;
-  const int64_t gsz = min(num_m - first_m, static_cast<int64_t>(kGroupM));
+// (I: int64_t, or int where the host bounds the tile count: 32-bit divisions are far cheaper.)
+template <class I>
+__device__ __forceinline__ void grouped_tile(I lin, I num_m, I num_n, I& m_tile, I& n_tile) {
+  const I span = kGroupM * num_n;
+  const I grp = lin / span, rem = lin - grp * span;
+  const I first_m = grp * kGroupM;
+  const I gsz = min(num_m - first_m, static_cast<I>(kGroupM));
   m_tile = first_m + rem % gsz;
   n_tile = rem / gsz;
 }
