@@ -83,7 +83,16 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16) if "bwd" in DIRECTIO
 # The GEMM forms with fp16 / bf16 plane products (FLASH_EQLINEAR_PRODUCTS=gemm): the forward (halved
 # group DFT, inverse DFT + bias into 16-bit) and the whole backward with grad_x from grad_y's planes;
 # pairs and single channels; the planes-keeping training forward and its backward.
-GEMM_SHAPES = [(7, 3, 59), (129, 59, 200), (1000, 64, 48), (257, 200, 31), (300, 40, 136), (600, 64, 40)]
+# (6000, 64, 136): more Hopper tiles (141) than SMs, so blocks write planes for a second tile.
+GEMM_SHAPES = [
+    (7, 3, 59),
+    (129, 59, 200),
+    (1000, 64, 48),
+    (257, 200, 31),
+    (300, 40, 136),
+    (600, 64, 40),
+    (6000, 64, 136),
+]
 for dtype in (torch.float16, torch.bfloat16) if "gemm" in DIRECTIONS else ():
     for M, c, d in GEMM_SHAPES:
         x = torch.randn(M, 4 * c, device="cuda", dtype=dtype)
