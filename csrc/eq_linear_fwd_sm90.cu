@@ -41,14 +41,15 @@
 //
 // Optional by-product (fp16 / bf16, FwdParams::xf): x's Fourier planes as column blocks (M, 4c), for a
 // backward that would otherwise make them in a pass of its own. Warps 1-3 of the producer warpgroup
-// (idle otherwise) wait for each stage, read its x tile (conflict-free LDS.128: a quarter-warp reads
-// the 8 chunks of one row), transform in FP32, round once and store; each (row tile, k tile) is written
-// by one block of the row tile's num_n, the one whose n tile is k tile % num_n, so the stores spread
-// over the blocks. They read a second copy of those x tiles, which the producer loads into a buffer of
-// their own (32 KB), not the ring's stage: reading the stage itself held it until they were done, +20-30%
-// kernel time at c = 512 / 1024 on an H100 (benchmarks/README.md, v10). The producer waits for the
+// (idle otherwise) read x tiles (conflict-free LDS.128: a quarter-warp reads the 8 chunks of one row,
+// a half-warp one row's 32 channels, so a warp's store of a plane is two 64-byte segments), transform
+// in FP32, round once and store; each (row tile, k tile) is written by one block of the row tile's
+// num_n, the one whose n tile is k tile % num_n, so the stores spread over the blocks. They read a
+// second copy of those x tiles, which the producer loads into a buffer of their own (32 KB), not the
+// ring's stage, which they would hold (slower: benchmarks/README.md, v11). The producer waits for the
 // buffer only when the writers are a whole written tile behind. With xf_sums they also sum f0 in FP32
-// per (row tile, writer warp) before rounding (grad_bias).
+// per (row tile, writer warp) before rounding (grad_bias). The variant costs ~20% kernel time at c =
+// 512 / 1024 on an H100, about half of it from its register split and shared-memory size alone.
 //
 // Requirements (checked by the host, which otherwise falls back to the portable kernels): an sm_90
 // device running sm_90a code, c % 8 == 0 (TMA row strides are multiples of 16 bytes), d even, x,
