@@ -280,7 +280,8 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uin
     tile_origin(p, tile, m0, n0);
     const int rows = static_cast<int>(std::min<int64_t>(kBM, p.M - m0));
     // this warp's f0 sums of the row tile: row (m0 / kBM) kXfWarps + wt / 32 of xf_sums
-    float* const sums = p.xf_sums == nullptr ? nullptr : p.xf_sums + static_cast<int64_t>(m0 / kBM * kXfWarps + wt / 32) * p.c;
+    const int64_t sums_row = m0 / kBM * kXfWarps + wt / 32;
+    float* const sums = p.xf_sums == nullptr ? nullptr : p.xf_sums + sums_row * p.c;
     for (int kt = n0 / kBN; kt < p.k_tiles; kt += p.num_n) {  // the k tiles that fall to this block
       mbar_wait(xfull, wi & 1);
       // Thread wt: chunk j = wt % 8 (channels 2j, 2j + 1) of sub-tile (wt / 8) % 2 in rows wt / 16, + 6, ...;
