@@ -46,8 +46,8 @@
 // in FP32, round once and store; each (row tile, k tile) is written by one block of the row tile's
 // num_n, the one whose n tile is k tile % num_n, so the stores spread over the blocks. They read a
 // second copy of those x tiles, which the producer loads into a buffer of their own (32 KB), not the
-// ring's stage, which they would hold (slower: benchmarks/README.md, v11). The producer waits for the
-// buffer only when the writers are a whole written tile behind. With xf_sums they also sum f0 in FP32
+// ring's stage, which they would hold (slower: benchmarks/README.md, v11). Before loading the next copy
+// the producer waits until the writers have read the previous one (and issues no ring loads meanwhile). With xf_sums they also sum f0 in FP32
 // per (row tile, writer warp) before rounding (grad_bias). The variant costs ~20% kernel time at c =
 // 512 / 1024 on an H100, about half of it from its register split and shared-memory size alone.
 //
@@ -57,6 +57,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through the runtime
@@ -85,7 +86,7 @@ constexpr uint32_t kPlane = kBN * 64;           // one plane tile: 4 KB
 constexpr uint32_t kStageBytes = 2 * kXSub + 4 * kPlane;
 constexpr int kSmem = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers + alignment slack
 // The xf-writing variant: a second copy of the x tile of each stage it writes, in a buffer of its own
-// (1024-aligned after the barrier area, which then also holds its two barriers): 225 KB of the 227.
+// (1024-aligned after the barrier area, which then also holds its two barriers): 226 KB of the 227.
 constexpr uint32_t kXfBufOffset = kStages * kStageBytes + 1024;
 constexpr int kSmemXf = kXfBufOffset + 2 * kXSub + 1024;
 static_assert(2 * kStages * 8 + 16 <= 1024, "the barriers before the writers' buffer");

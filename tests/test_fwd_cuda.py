@@ -756,7 +756,8 @@ def test_fused_weight_grad_in_autograd():
     "M, c, d, rule",
     [(300, 512, 520, "auto"), (33, 2048, 2048, "auto"), (257, 59, 48, "gemm"), (0, 40, 8, "gemm")]
     + [(600, 64, 40, "auto")]  # grad_bias from grad_y's written planes: 3 row chunks, ragged columns
-    + [(2000, 512, 520, "auto")],  # more Hopper tiles (144) than SMs: blocks write planes for several tiles
+    + [(2000, 512, 520, "auto")]  # more Hopper tiles (144) than SMs: blocks write planes for several tiles
+    + [(4500, 256, 64, "auto")],  # grad_x's kernel: 144 tiles, so blocks write f0 sums for several tiles
 )
 def test_training_forward_keeps_planes(M, c, d, rule, dtype, sm90, monkeypatch):
     # fp16 / bf16 training forwards with the GEMM-form weight gradient keep x's Fourier planes instead
