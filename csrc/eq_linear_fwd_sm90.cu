@@ -47,9 +47,10 @@
 // num_n, the one whose n tile is k tile % num_n, so the stores spread over the blocks. They read a
 // second copy of those x tiles, which the producer loads into a buffer of their own (32 KB), not the
 // ring's stage, which they would hold (slower: benchmarks/README.md, v11). Before loading the next copy
-// the producer waits until the writers have read the previous one (and issues no ring loads meanwhile). With xf_sums they also sum f0 in FP32
-// per (row tile, writer warp) before rounding (grad_bias). The variant costs ~20% kernel time at c =
-// 512 / 1024 on an H100, about half of it from its register split and shared-memory size alone.
+// the producer waits until the writers have read the previous one (and issues no ring loads meanwhile).
+// With xf_sums they also sum f0 in FP32 per (row tile, writer warp) before rounding (grad_bias). The
+// variant costs ~20% kernel time at c = 512 / 1024 on an H100, about half of it from its register split
+// and shared-memory size alone.
 //
 // Requirements (checked by the host, which otherwise falls back to the portable kernels): an sm_90
 // device running sm_90a code, c % 8 == 0 (TMA row strides are multiples of 16 bytes), d even, x,
