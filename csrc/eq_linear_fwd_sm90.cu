@@ -103,6 +103,8 @@ struct Sm90Params {
 };
 constexpr int kXfWarps = 3;  // producer warps 1-3 write xf
 static_assert(32 * (1 + kXfWarps) == 128, "the producer warpgroup: the TMA warp and the xf writers");
+static_assert(eq_linear_fwd_sm90_sum_rows(1) == kXfWarps && eq_linear_fwd_sm90_sum_rows(kBM + 1) == 2 * kXfWarps,
+              "xf_sums rows, as the host allocates them: kXfWarps per kBM-row tile");
 
 // Tile i of the persistent walk -> (first row, first output channel). (A template only so that
 // targets without the kernel body, which never call it, do not warn.)

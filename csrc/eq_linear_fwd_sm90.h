@@ -19,7 +19,7 @@ bool sm90_path_enabled();
 // With p.xf, the kernel also writes x's Fourier planes there (three idle warps of the producer
 // warpgroup, from the x tiles in shared memory).
 // Rows of FwdParams::xf_sums for M rows: three writer warps per 128-row tile.
-inline int64_t eq_linear_fwd_sm90_sum_rows(int64_t M) { return (M + 127) / 128 * 3; }
+constexpr int64_t eq_linear_fwd_sm90_sum_rows(int64_t M) { return (M + 127) / 128 * 3; }
 
 cudaError_t eq_linear_fwd_sm90_fp16(const FwdParams& p, cudaStream_t stream, bool* launched);
 cudaError_t eq_linear_fwd_sm90_bf16(const FwdParams& p, cudaStream_t stream, bool* launched);
