@@ -139,7 +139,7 @@ __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t
 }
 
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
-template <class T>
+template <class T, bool kAhead2>
 __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
                                         int num_tiles) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -178,15 +178,16 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
     uint32_t fa[2][4][4] = {};  // [buffer = k16 step parity][F0, FR, FI, F2][A fragment register]
     // Raw x of the next k16 step (rows (row, row + 8) x (first, second chunk)), loaded before the
     // wait for the previous group so the shared-memory latency overlaps it.
-    uint4 v[4];
-    auto load_x = [&](uint32_t xs) {
-      v[0] = lds128(xs + x_first);
-      v[1] = lds128(xs + x_first + 8 * 128);
-      v[2] = lds128(xs + x_second);
-      v[3] = lds128(xs + x_second + 8 * 128);
+    uint4 v[kAhead2 ? 2 : 1][4];
+    auto load_x = [&](uint4(&w)[4], uint32_t xs) {
+      w[0] = lds128(xs + x_first);
+      w[1] = lds128(xs + x_first + 8 * 128);
+      w[2] = lds128(xs + x_second);
+      w[3] = lds128(xs + x_second + 8 * 128);
     };
     mbar_wait(full_bar + 8 * (it % kStages), (it / kStages) & 1);
-    load_x(base + (it % kStages) * kStageBytes);
+    load_x(v[0], base + (it % kStages) * kStageBytes);
+    if constexpr (kAhead2) load_x(v[kAhead2 ? 1 : 0], base + (it % kStages) * kStageBytes + kXSub);
     for (int kt = 0; kt < KT; ++kt, ++it) {
       const int s = it % kStages;
       const uint32_t st = base + s * kStageBytes;
@@ -195,7 +196,8 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
         uint32_t(&f)[4][4] = fa[ks];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {  // fragment register r: row + 8 (r & 1), k hi (r >> 1)
-          const uint4 raw = (r >> 1) == odd ? v[r & 1] : v[2 + (r & 1)];
+          const uint4(&src)[4] = v[kAhead2 ? ks : 0];
+          const uint4 raw = (r >> 1) == odd ? src[r & 1] : src[2 + (r & 1)];
           if constexpr (sizeof(T) == 2)
             xform_h2<T>(raw, f[0][r], f[1][r], f[2][r], f[3][r]);
           else
@@ -211,12 +213,18 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
         wgmma_m64n64_rs<T, -1>(acc[2], f[2], di);
         wgmma_m64n64_rs<T, 1>(acc[3], f[2], dr);
         wgmma_commit();
-        if (ks == 0) {
-          load_x(st + kXSub);
+        if constexpr (kAhead2) {  // this step's sub-tile of the next k tile
+          if (kt + 1 < KT) {
+            const uint32_t next = (it + 1) % kStages;
+            if (ks == 0) mbar_wait(full_bar + 8 * next, ((it + 1) / kStages) & 1);
+            load_x(v[kAhead2 ? ks : 0], base + next * kStageBytes + ks * kXSub);
+          }
+        } else if (ks == 0) {
+          load_x(v[0], st + kXSub);
         } else if (kt + 1 < KT) {
           const uint32_t next = (it + 1) % kStages;
           mbar_wait(full_bar + 8 * next, ((it + 1) / kStages) & 1);
-          load_x(base + next * kStageBytes);
+          load_x(v[0], base + next * kStageBytes);
         }
         wgmma_wait<1>();  // the previous step's group has retired: its A buffer (and stage) are free
 #pragma unroll
@@ -327,7 +335,7 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uin
 // either; 128 x 56 + 256 x 224 = 128 x 24 + 256 x 240 = the 384 x 168 registers a block holds from its
 // launch: setmaxnreg.inc waits for registers the block's own setmaxnreg.dec released). The plain variant
 // keeps 24 / 240.
-template <class T, bool kXf>
+template <class T, bool kXf, bool kAhead2 = false>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
                           const Sm90Params p) {
@@ -384,7 +392,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     }
   } else {
     setmaxnreg_inc<kXf ? 224 : 240>();
-    consume<T>(p, base, full_bar, empty_bar, num_tiles);
+    consume<T, kAhead2>(p, base, full_bar, empty_bar, num_tiles);
   }
 #else
   (void)tm_x, (void)tm_p, (void)p;
@@ -483,6 +491,8 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.num_m = static_cast<int>(num_m);
   kp.num_n = static_cast<int>(num_n);
   auto kernel = p.xf != nullptr ? eq_linear_fwd_sm90_kernel<T, true> : eq_linear_fwd_sm90_kernel<T, false>;
+  if (const char* pr = std::getenv("FLASH_EQLINEAR_PROBE"); pr != nullptr && pr[0] == '5' && p.xf == nullptr)
+    kernel = eq_linear_fwd_sm90_kernel<T, false, true>;  // A/B only
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_m * num_n, num_sms));
