@@ -139,15 +139,17 @@ __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t
 }
 
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
-template <class T, bool kAhead2>
+template <class T, int kVar>
 __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
                                         int num_tiles) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int gid = lane >> 2, t = lane & 3, odd = gid & 1;
-  const int row = (warp - 4) * 16 + gid;  // tile row of regs 0/2; +8 for regs 1/3
+  constexpr bool kAhead2 = kVar == 2, kPerm = kVar >= 1;
+  const int gid = lane >> 2, t = lane & 3, odd = kPerm ? 0 : gid & 1;
+  const int rrow = kPerm ? (gid >> 1) + 4 * (gid & 1) : gid;
+  const int row = (warp - 4) * 16 + rrow;  // tile row of regs 0/2; +8 for regs 1/3
   // First / second LDS.128 chunk of the row (row & 7 == gid): k lo first for even rows, k hi for odd.
-  const uint32_t x_first = row * 128 + (((t + 4 * odd) ^ gid) << 4);
-  const uint32_t x_second = row * 128 + (((t + 4 * (odd ^ 1)) ^ gid) << 4);
+  const uint32_t x_first = row * 128 + (((t + 4 * odd) ^ rrow) << 4);
+  const uint32_t x_second = row * 128 + (((t + 4 * (odd ^ 1)) ^ rrow) << 4);
   const uint64_t desc0 = wgmma_desc_sw64(base + 2 * kXSub);  // stage 0, plane P0, k16 step 0
   const int KT = p.k_tiles;
   const T* bias = static_cast<const T*>(p.bias);
@@ -335,7 +337,7 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uin
 // either; 128 x 56 + 256 x 224 = 128 x 24 + 256 x 240 = the 384 x 168 registers a block holds from its
 // launch: setmaxnreg.inc waits for registers the block's own setmaxnreg.dec released). The plain variant
 // keeps 24 / 240.
-template <class T, bool kXf, bool kAhead2 = false>
+template <class T, bool kXf, int kVar = 0>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
                           const Sm90Params p) {
@@ -392,7 +394,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     }
   } else {
     setmaxnreg_inc<kXf ? 224 : 240>();
-    consume<T, kAhead2>(p, base, full_bar, empty_bar, num_tiles);
+    consume<T, kVar>(p, base, full_bar, empty_bar, num_tiles);
   }
 #else
   (void)tm_x, (void)tm_p, (void)p;
@@ -491,8 +493,10 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.num_m = static_cast<int>(num_m);
   kp.num_n = static_cast<int>(num_n);
   auto kernel = p.xf != nullptr ? eq_linear_fwd_sm90_kernel<T, true> : eq_linear_fwd_sm90_kernel<T, false>;
-  if (const char* pr = std::getenv("FLASH_EQLINEAR_PROBE"); pr != nullptr && pr[0] == '5' && p.xf == nullptr)
-    kernel = eq_linear_fwd_sm90_kernel<T, false, true>;  // A/B only
+  if (const char* pr = std::getenv("FLASH_EQLINEAR_PROBE"); pr != nullptr && p.xf == nullptr) {  // A/B only
+    if (pr[0] == '6') kernel = eq_linear_fwd_sm90_kernel<T, false, 1>;
+    if (pr[0] == '7') kernel = eq_linear_fwd_sm90_kernel<T, false, 2>;
+  }
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_m * num_n, num_sms));
