@@ -23,18 +23,22 @@
 // A fragments (wgmma m64 register A = the mma.sync m16n8k16 A layout per warp): lane (gid, t) needs
 // rows gid and gid + 8 of its warp's 16, channels 2t, 2t+1 (regs 0, 1) and 2t+8, 2t+9 (regs 2, 3);
 // the 4 group values of 2 channels are one 16-byte chunk (t, resp. t + 4), so one LDS.128 yields the
-// packed register of all four transformed planes (F0, FR, FI, F2). Rows r and r+1 read by one
-// quarter-warp would share banks (chunk j ^ (r & 7) stays in the same 64-byte half), so odd rows
-// load their high chunk first (and select): each quarter-warp covers all 32 banks once. (64-byte
-// rows would avoid the select but double the TMA requests; measured 12% slower, L2-bound.)
+// packed register of all four transformed planes (F0, FR, FI, F2). The row order: fragment row g
+// (and g + 8) of a warp is its tile row (g >> 1) + 4 (g & 1), so the two rows one quarter-warp
+// reads differ in bit 2 and their chunks t ^ r fall in opposite 64-byte halves of the 128-byte
+// swizzle: each LDS.128 covers all 32 banks once, with the same chunk (k lo, then k hi) for every
+// lane. (Rows g, g + 1 would share banks; loading odd rows' high chunk first and selecting cost 16
+// SEL per k16 step. 64-byte rows double the TMA requests: 12% slower.) The epilogue writes each
+// accumulator row to the x row it came from.
 // The transform runs in packed 16-bit arithmetic (xform_h2): half the instructions of FP32 math,
 // which the profile showed limiting (the consumers issue the transform and the wgmma).
 // Per k16 step six wgmma m64n64k16 (aR += FR PR, aI += FR PI, a0 += F0 P0, a2 += F2 P2,
 // aR += -FI PI via the A scale immediate, aI += FI PR) form one commit group; the A registers are
-// double buffered so the next step's fragments are built while this group runs, and the next
-// step's raw x is loaded before waiting for the previous group (the consumers' latency between
-// groups sets the pace: that prefetch alone gave 5-7%). Building the whole next step before the
-// wait (a third fragment buffer) measured no faster.
+// double buffered so the next step's fragments are built while this group runs, and each step's
+// raw x is loaded two steps ahead, before waiting for the previous group (the consumers' latency
+// between groups sets the pace: one step ahead gave 5-7%; the second step with the row order,
+// 1.5-6% more at c >= 512). Building the whole next step before the wait (a third fragment
+// buffer) measured no faster.
 //
 // Epilogue: the inverse transform + bias in FP32 registers, one 16-byte store per (row, o pair) of
 // the interleaved (M, d, 4) output.
@@ -139,17 +143,16 @@ __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t
 }
 
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
-template <class T, int kVar>
+template <class T>
 __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
                                         int num_tiles) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  constexpr bool kAhead2 = kVar == 2, kPerm = kVar >= 1;
-  const int gid = lane >> 2, t = lane & 3, odd = kPerm ? 0 : gid & 1;
-  const int rrow = kPerm ? (gid >> 1) + 4 * (gid & 1) : gid;
-  const int row = (warp - 4) * 16 + rrow;  // tile row of regs 0/2; +8 for regs 1/3
-  // First / second LDS.128 chunk of the row (row & 7 == gid): k lo first for even rows, k hi for odd.
-  const uint32_t x_first = row * 128 + (((t + 4 * odd) ^ rrow) << 4);
-  const uint32_t x_second = row * 128 + (((t + 4 * (odd ^ 1)) ^ rrow) << 4);
+  const int gid = lane >> 2, t = lane & 3;
+  // Fragment row gid is tile row rg of the warp's 16 (header: the row order); rg & 7 == rg.
+  const int rg = (gid >> 1) + 4 * (gid & 1);
+  const int row = (warp - 4) * 16 + rg;  // tile row of regs 0/2; +8 for regs 1/3
+  // The row's 16-byte chunks of channels 2t, 2t+1 (k lo) and 2t+8, 2t+9 (k hi), swizzled
+  const uint32_t x_lo = row * 128 + ((t ^ rg) << 4), x_hi = row * 128 + (((t + 4) ^ rg) << 4);
   const uint64_t desc0 = wgmma_desc_sw64(base + 2 * kXSub);  // stage 0, plane P0, k16 step 0
   const int KT = p.k_tiles;
   const T* bias = static_cast<const T*>(p.bias);
@@ -178,32 +181,30 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
         for (int r = 0; r < 4; ++r) acc[s][j][r] = 0.f;
 
     uint32_t fa[2][4][4] = {};  // [buffer = k16 step parity][F0, FR, FI, F2][A fragment register]
-    // Raw x of the next k16 step (rows (row, row + 8) x (first, second chunk)), loaded before the
-    // wait for the previous group so the shared-memory latency overlaps it.
-    uint4 v[kAhead2 ? 2 : 1][4];
+    // Raw x of k16 steps (k tile, 0) and (k tile, 1): v[ks][r] is fragment register r's chunk (rows
+    // row, row + 8 of k lo, then of k hi), loaded two steps ahead (the previous k tile's step ks)
+    // so that the shared-memory latency overlaps two groups.
+    uint4 v[2][4];
     auto load_x = [&](uint4(&w)[4], uint32_t xs) {
-      w[0] = lds128(xs + x_first);
-      w[1] = lds128(xs + x_first + 8 * 128);
-      w[2] = lds128(xs + x_second);
-      w[3] = lds128(xs + x_second + 8 * 128);
+      w[0] = lds128(xs + x_lo);
+      w[1] = lds128(xs + x_lo + 8 * 128);
+      w[2] = lds128(xs + x_hi);
+      w[3] = lds128(xs + x_hi + 8 * 128);
     };
     mbar_wait(full_bar + 8 * (it % kStages), (it / kStages) & 1);
     load_x(v[0], base + (it % kStages) * kStageBytes);
-    if constexpr (kAhead2) load_x(v[kAhead2 ? 1 : 0], base + (it % kStages) * kStageBytes + kXSub);
+    load_x(v[1], base + (it % kStages) * kStageBytes + kXSub);
     for (int kt = 0; kt < KT; ++kt, ++it) {
       const int s = it % kStages;
-      const uint32_t st = base + s * kStageBytes;
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
         uint32_t(&f)[4][4] = fa[ks];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {  // fragment register r: row + 8 (r & 1), k hi (r >> 1)
-          const uint4(&src)[4] = v[kAhead2 ? ks : 0];
-          const uint4 raw = (r >> 1) == odd ? src[r & 1] : src[2 + (r & 1)];
           if constexpr (sizeof(T) == 2)
-            xform_h2<T>(raw, f[0][r], f[1][r], f[2][r], f[3][r]);
+            xform_h2<T>(v[ks][r], f[0][r], f[1][r], f[2][r], f[3][r]);
           else
-            xform_tf32(raw, f[0][r], f[1][r], f[2][r], f[3][r]);
+            xform_tf32(v[ks][r], f[0][r], f[1][r], f[2][r], f[3][r]);
         }
         const uint64_t dk = desc0 + ((s * kStageBytes + ks * 32) >> 4);
         const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
@@ -215,18 +216,10 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
         wgmma_m64n64_rs<T, -1>(acc[2], f[2], di);
         wgmma_m64n64_rs<T, 1>(acc[3], f[2], dr);
         wgmma_commit();
-        if constexpr (kAhead2) {  // this step's sub-tile of the next k tile
-          if (kt + 1 < KT) {
-            const uint32_t next = (it + 1) % kStages;
-            if (ks == 0) mbar_wait(full_bar + 8 * next, ((it + 1) / kStages) & 1);
-            load_x(v[kAhead2 ? ks : 0], base + next * kStageBytes + ks * kXSub);
-          }
-        } else if (ks == 0) {
-          load_x(v[0], st + kXSub);
-        } else if (kt + 1 < KT) {
+        if (kt + 1 < KT) {  // v[ks] is in f now: load this step's sub-tile of the next k tile
           const uint32_t next = (it + 1) % kStages;
-          mbar_wait(full_bar + 8 * next, ((it + 1) / kStages) & 1);
-          load_x(v[0], base + next * kStageBytes);
+          if (ks == 0) mbar_wait(full_bar + 8 * next, ((it + 1) / kStages) & 1);
+          load_x(v[ks], base + next * kStageBytes + ks * kXSub);
         }
         wgmma_wait<1>();  // the previous step's group has retired: its A buffer (and stage) are free
 #pragma unroll
@@ -337,7 +330,7 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uin
 // either; 128 x 56 + 256 x 224 = 128 x 24 + 256 x 240 = the 384 x 168 registers a block holds from its
 // launch: setmaxnreg.inc waits for registers the block's own setmaxnreg.dec released). The plain variant
 // keeps 24 / 240.
-template <class T, bool kXf, int kVar = 0>
+template <class T, bool kXf>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
                           const Sm90Params p) {
@@ -394,7 +387,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     }
   } else {
     setmaxnreg_inc<kXf ? 224 : 240>();
-    consume<T, kVar>(p, base, full_bar, empty_bar, num_tiles);
+    consume<T>(p, base, full_bar, empty_bar, num_tiles);
   }
 #else
   (void)tm_x, (void)tm_p, (void)p;
@@ -493,10 +486,6 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.num_m = static_cast<int>(num_m);
   kp.num_n = static_cast<int>(num_n);
   auto kernel = p.xf != nullptr ? eq_linear_fwd_sm90_kernel<T, true> : eq_linear_fwd_sm90_kernel<T, false>;
-  if (const char* pr = std::getenv("FLASH_EQLINEAR_PROBE"); pr != nullptr && p.xf == nullptr) {  // A/B only
-    if (pr[0] == '6') kernel = eq_linear_fwd_sm90_kernel<T, false, 1>;
-    if (pr[0] == '7') kernel = eq_linear_fwd_sm90_kernel<T, false, 2>;
-  }
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_m * num_n, num_sms));
