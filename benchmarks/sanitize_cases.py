@@ -14,7 +14,8 @@ SHAPES = [(1, 1, 1), (7, 3, 59), (129, 59, 200), (300, 64, 64), (257, 200, 48), 
 SHAPES += [(17925, 16, 16)]  # more tiles than SMs: persistent blocks walk several
 SHAPES += [(257, 20, 31), (1000, 32, 32), (4097, 16, 8)]  # the narrow kernel's other tiles
 SHAPES += [(5000, 40, 200), (20000, 3, 200)]  # FP32 tiled: more tiles than blocks (one k tile for c = 3)
-# Which ops: fwd, bwd, dft (group DFT), tiles (FP32 tiles), gemm (the 16-bit GEMM forms); "quick": the
+# Which ops: fwd, bwd, dft (group DFT), tiles (FP32 tiles), gemm (the 16-bit GEMM forms), hopper (the Hopper
+# forward alone; not in the default list, "fwd" and "gemm" cover it); "quick": the
 # weight-gradient set without its two largest shapes (racecheck runs each launch ~100x slower).
 DIRECTIONS = sys.argv[1:] or ["fwd", "bwd", "dft", "tiles", "gemm"]
 BWD_SHAPES = SHAPES + [(5000, 48, 59), (3000, 64, 128)]
@@ -114,6 +115,23 @@ for dtype in (torch.float16, torch.bfloat16) if "gemm" in DIRECTIONS else ():
         kept = torch.ops.flash_eqlinear.eq_linear_bwd_xf(gy, xf, planes, True, True, True)
         for got, ref in zip(kept, want, strict=True):
             assert rel_err(got, ref) < TOL[dtype], ("bwd_xf", dtype, M, c, d)
+# The Hopper forward alone, small enough for racecheck: plain and planes-writing variants (fp16 / bf16) and
+# TF32, ragged c and d, and 141 tiles in the last shape (blocks walk several, stages wrap across tiles).
+HOPPER_SHAPES = [(300, 64, 64), (129, 40, 66), (1100, 96, 136), (6000, 64, 136)]
+torch.backends.cuda.matmul.allow_tf32 = "hopper" in DIRECTIONS
+for dtype in (torch.float16, torch.bfloat16, torch.float32) if "hopper" in DIRECTIONS else ():
+    for M, c, d in HOPPER_SHAPES:
+        x = torch.randn(M, 4 * c, device="cuda", dtype=dtype)
+        planes = (torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5).to(dtype)
+        b = torch.randn(d, device="cuda", dtype=dtype)
+        yref = reference.fourier_eq_linear(x.double(), planes.double(), b.double(), 4)
+        tol = 5e-3 if dtype == torch.float32 else TOL[dtype]
+        y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
+        assert rel_err(y, yref) < tol, ("hopper", dtype, M, c, d)
+        if dtype != torch.float32:
+            yk, _ = torch.ops.flash_eqlinear.eq_linear_fwd_xf(x, planes, b)
+            assert rel_err(yk, yref) < tol, ("hopper xf", dtype, M, c, d)
+torch.backends.cuda.matmul.allow_tf32 = False
 # Group DFT alone (its shared-memory column-sum reduction; each channels-per-thread width).
 for dtype in (torch.float32, torch.float16, torch.bfloat16) if "dft" in DIRECTIONS else ():
     for M, n in [(1, 1), (129, 59), (33, 6), (4097, 64), (3001, 300), (20000, 2), (5000, 48)]:
