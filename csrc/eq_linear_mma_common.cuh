@@ -164,15 +164,15 @@ __device__ __forceinline__ void inverse_dft4(float a0, float a2, float ar, float
 }
 
 // Block order for L2 reuse: consecutive linear block ids sweep all num_n d tiles of a group of
-// kGroupM M tiles, so the blocks resident at once share a few x panels and plane tiles.
+// `group` M tiles (default kGroupM), so the blocks resident at once share a few x panels and plane tiles.
 constexpr int kGroupM = 8;
 // (I: int64_t, or int where the host bounds the tile count: 32-bit divisions are far cheaper.)
 template <class I>
-__device__ __forceinline__ void grouped_tile(I lin, I num_m, I num_n, I& m_tile, I& n_tile) {
-  const I span = kGroupM * num_n;
+__device__ __forceinline__ void grouped_tile(I lin, I num_m, I num_n, I& m_tile, I& n_tile, I group = kGroupM) {
+  const I span = group * num_n;
   const I grp = lin / span, rem = lin - grp * span;
-  const I first_m = grp * kGroupM;
-  const I gsz = min(num_m - first_m, static_cast<I>(kGroupM));
+  const I first_m = grp * group;
+  const I gsz = min(num_m - first_m, group);
   m_tile = first_m + rem % gsz;
   n_tile = rem / gsz;
 }
