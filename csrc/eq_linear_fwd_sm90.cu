@@ -3,14 +3,15 @@
 // group transform's formulas, the epilogue and the block order.
 //
 // Tile: 128 rows x 64 output channels x the 4 accumulator sets (a0, a2, aR, aI), K = c in steps of
-// BK = 32 channels. Persistent: one block per SM walks the tiles (grouped order, see grouped_tile; group size: fwd_sm90)
-// with a stride of the grid size. Warpgroup 0 is the producer: one thread issues per k tile the TMA
-// loads of a stage of a 4-stage ring, completing on the stage's "full" mbarrier, running ahead into
-// the next tile while the consumers finish the current one; warpgroups 1 and 2 are the consumers
-// (rows 0-63 and 64-127) and release a stage through its "empty" mbarrier (one arrival per warp)
-// once the wgmma groups that read it have retired. So the pipeline fill of a tile overlaps the
-// previous tile's epilogue. setmaxnreg moves registers from the producer (24) to the consumers
-// (240: 128 accumulators, 32 double-buffered A registers); 56 / 224 in the xf-writing variant (below).
+// BK = 32 channels. Persistent: one block per SM walks the tiles (grouped order, see grouped_tile;
+// the group size: fwd_sm90) with a stride of the grid size. Warpgroup 0 is the producer: one thread
+// issues per k tile the TMA loads of a stage of a 4-stage ring, completing on the stage's "full"
+// mbarrier, running ahead into the next tile while the consumers finish the current one;
+// warpgroups 1 and 2 are the consumers (rows 0-63 and 64-127) and release a stage through its
+// "empty" mbarrier (one arrival per warp) once the wgmma groups that read it have retired. So the
+// pipeline fill of a tile overlaps the previous tile's epilogue. setmaxnreg moves registers from the
+// producer (24) to the consumers (240: 128 accumulators, 32 double-buffered A registers, 32 of raw
+// x); 56 / 224 in the xf-writing variant (below).
 // Measured and dropped: clusters of 2 blocks sharing x through TMA multicast (a third less L2
 // traffic, no faster: the consumers, not L2, set the pace once the transform is cheap).
 
@@ -116,7 +117,7 @@ static_assert(eq_linear_fwd_sm90_sum_rows(1) == kXfWarps && eq_linear_fwd_sm90_s
 template <class P>
 __device__ __forceinline__ void tile_origin(const P& p, int tile, int& m0, int& n0) {
   int m_tile, n_tile;
-  grouped_tile(tile, p.num_m, p.num_n, m_tile, n_tile, p.group_m);  // 32-bit: the host bounds the tile count
+  grouped_tile(tile, p.num_m, p.num_n, m_tile, n_tile, p.group_m);  // 32-bit: the host bounds the count
   m0 = m_tile * kBM;
   n0 = n_tile * kBN;
 }

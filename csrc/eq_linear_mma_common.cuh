@@ -164,7 +164,8 @@ __device__ __forceinline__ void inverse_dft4(float a0, float a2, float ar, float
 }
 
 // Block order for L2 reuse: consecutive linear block ids sweep all num_n d tiles of a group of
-// `group` M tiles (default kGroupM), so the blocks resident at once share a few x panels and plane tiles.
+// `group` M tiles (default kGroupM), so the blocks resident at once share a few x panels and plane
+// tiles.
 constexpr int kGroupM = 8;
 // (I: int64_t, or int where the host bounds the tile count: 32-bit divisions are far cheaper.)
 template <class I>
