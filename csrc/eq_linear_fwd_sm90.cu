@@ -106,20 +106,23 @@ struct Sm90Params {
   int64_t M;
   int c, d, k_tiles, num_m, num_n;
   int group_m;  // m tiles per group of the walk (see tile_origin)
+  int num_ng;   // n groups: num_n / the cluster size, rounded up
 };
 constexpr int kXfWarps = 3;  // producer warps 1-3 write xf
 static_assert(32 * (1 + kXfWarps) == 128, "the producer warpgroup: the TMA warp and the xf writers");
 static_assert(eq_linear_fwd_sm90_sum_rows(1) == kXfWarps && eq_linear_fwd_sm90_sum_rows(kBM + 1) == 2 * kXfWarps,
               "xf_sums rows, as the host allocates them: kXfWarps per kBM-row tile");
 
-// Tile i of the persistent walk -> (first row, first output channel), in groups of p.group_m m tiles.
+// Walk step i (one per cluster) -> (first row, first output channel) of this CTA's tile: groups of
+// p.group_m m tiles, each walked n group by n group; CTA rank of a cluster of kCl takes n tile
+// kCl * n group + rank (past d with an odd count: planes arrive as zeros, nothing is stored).
 // (A template only so that targets without the kernel body, which never call it, do not warn.)
-template <class P>
-__device__ __forceinline__ void tile_origin(const P& p, int tile, int& m0, int& n0) {
-  int m_tile, n_tile;
-  grouped_tile(tile, p.num_m, p.num_n, m_tile, n_tile, p.group_m);  // 32-bit: the host bounds the count
+template <int kCl, class P>
+__device__ __forceinline__ void tile_origin(const P& p, int tile, int rank, int& m0, int& n0) {
+  int m_tile, n_group;
+  grouped_tile(tile, p.num_m, p.num_ng, m_tile, n_group, p.group_m);  // 32-bit: the host bounds the count
   m0 = m_tile * kBM;
-  n0 = n_tile * kBN;
+  n0 = (n_group * kCl + rank) * kBN;
 }
 
 // TF32 counterpart of xform_h2: one channel's 4 group values (FP32) -> its F0, FR, FI, F2 fragment
@@ -145,7 +148,7 @@ __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t
 }
 
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
-template <class T>
+template <class T, int kCl>
 __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
                                         int num_tiles) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -161,9 +164,16 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
   T* y = static_cast<T*>(p.y);
 
   uint32_t it = 0;  // k tiles consumed so far, over all tiles: stage it % kStages, phase (it / kStages) & 1
-  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+  // Releases a stage: to this CTA's producer, and with a cluster to the partner's, which multicasts
+  // its x sub-tile into this CTA's stage too.
+  // (The partner's rank is re-read where used: the consumers have no register to spare.)
+  auto release = [&](uint32_t s) {
+    mbar_arrive(empty_bar + 8 * s);
+    if constexpr (kCl > 1) mbar_arrive_cluster(cluster_map(empty_bar + 8 * s, cluster_ctarank() ^ 1));
+  };
+  for (int tile = blockIdx.x / kCl; tile < num_tiles; tile += gridDim.x / kCl) {
     int m0, n0;
-    tile_origin(p, tile, m0, n0);
+    tile_origin<kCl>(p, tile, kCl > 1 ? static_cast<int>(cluster_ctarank()) : 0, m0, n0);
     // The tile's bias pairs (o, o+1) for o = n0 + 8 j + 2 t, loaded now: their latency hides behind
     // the main loop instead of stalling the epilogue.
     // (16-bit pairs only: float bias pairs are loaded in the epilogue, registers are tight.)
@@ -227,7 +237,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
 #pragma unroll
         for (int op = 0; op < 4; ++op) reg_fence(fa[ks ^ 1][op]);
         // At ks == 0 that previous group was k tile it-1's last: release its stage.
-        if (ks == 0 && kt > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((it - 1) % kStages));
+        if (ks == 0 && kt > 0 && lane == 0) release((it - 1) % kStages);
       }
     }
     wgmma_wait<0>();
@@ -237,7 +247,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
       reg_fence(fa[0][s]);
       reg_fence(fa[1][s]);
     }
-    if (lane == 0) mbar_arrive(empty_bar + 8 * ((it - 1) % kStages));  // the tile's last stage
+    if (lane == 0) release((it - 1) % kStages);  // the tile's last stage
 
     // ---- epilogue ----
 #pragma unroll
@@ -286,7 +296,7 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uin
   uint32_t wi = 0;  // x tiles written so far (as the producer counts its loads into xbuf)
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     int m0, n0;
-    tile_origin(p, tile, m0, n0);
+    tile_origin<1>(p, tile, 0, m0, n0);
     const int rows = static_cast<int>(std::min<int64_t>(kBM, p.M - m0));
     // this warp's f0 sums of the row tile: row (m0 / kBM) kXfWarps + wt / 32 of xf_sums
     const int64_t sums_row = m0 / kBM * kXfWarps + wt / 32;
@@ -332,7 +342,10 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uin
 // either; 128 x 56 + 256 x 224 = 128 x 24 + 256 x 240 = the 384 x 168 registers a block holds from its
 // launch: setmaxnreg.inc waits for registers the block's own setmaxnreg.dec released). The plain variant
 // keeps 24 / 240.
-template <class T, bool kXf>
+// kCl = 2 (plain variant only): clusters of two CTAs on the same m tile and adjacent n tiles. Each
+// producer loads one of a stage's two x sub-tiles and multicasts it to both CTAs, so x is read from
+// L2 once per pair; each releases a stage only when the consumers of both CTAs have read it.
+template <class T, bool kXf, int kCl = 1>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
                           const Sm90Params p) {
@@ -341,13 +354,15 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need aligned bases
   const uint32_t full_bar = base + kStages * kStageBytes, empty_bar = full_bar + 8 * kStages;
   const uint32_t xfull = empty_bar + 8 * kStages, xempty = xfull + 8, xbuf = base + kXfBufOffset;  // kXf only
-  const int num_tiles = p.num_m * p.num_n;
+  const int num_tiles = p.num_m * p.num_ng;  // steps of the walk (one per cluster)
+  static_assert(kCl == 1 || (kCl == 2 && !kXf), "clusters of two, plain variant only");
+  const int rank = kCl == 1 ? 0 : static_cast<int>(cluster_ctarank());
 
   constexpr bool writes_xf = kXf && sizeof(T) == 2;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_bar + 8 * s, 1);
-      mbar_init(empty_bar + 8 * s, kConsumerWarps);
+      mbar_init(empty_bar + 8 * s, kCl * kConsumerWarps);
     }
     if (writes_xf) {
       mbar_init(xfull, 1);
@@ -355,7 +370,10 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     }
     mbar_fence_init();
   }
-  __syncthreads();
+  if constexpr (kCl > 1)
+    cluster_sync();  // both CTAs' barriers are initialised before any multicast or remote arrival
+  else
+    __syncthreads();
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
     setmaxnreg_dec<kXf ? 56 : 24>();
@@ -366,16 +384,20 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
       tma_prefetch_desc(&tm_p);
       uint32_t it = 0;  // k tiles issued so far, over all tiles (wraps harmlessly: kStages divides 2^32)
       uint32_t wi = 0;  // x tiles loaded into the writers' buffer so far
-      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+      for (int tile = blockIdx.x / kCl; tile < num_tiles; tile += gridDim.x / kCl) {
         int m0, n0;
-        tile_origin(p, tile, m0, n0);
+        tile_origin<kCl>(p, tile, rank, m0, n0);
         for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
           const int s = it % kStages;
           if (it >= kStages) mbar_wait(empty_bar + 8 * s, ((it / kStages) - 1) & 1);
           const uint32_t st = base + s * kStageBytes, bar = full_bar + 8 * s;
-          mbar_arrive_expect_tx(bar, kStageBytes);
-          tma_load_2d(st, &tm_x, kt * kBK<T> * 4, m0, bar);
-          tma_load_2d(st + kXSub, &tm_x, kt * kBK<T> * 4 + 2 * kBK<T>, m0, bar);
+          mbar_arrive_expect_tx(bar, kStageBytes);  // with a cluster, one x sub-tile from the partner
+          if constexpr (kCl == 1) {
+            tma_load_2d(st, &tm_x, kt * kBK<T> * 4, m0, bar);
+            tma_load_2d(st + kXSub, &tm_x, kt * kBK<T> * 4 + 2 * kBK<T>, m0, bar);
+          } else {
+            tma_load_2d_multicast(st + rank * kXSub, &tm_x, kt * kBK<T> * 4 + rank * 2 * kBK<T>, m0, bar, 0x3);
+          }
           tma_load_3d(st + 2 * kXSub, &tm_p, kt * kBK<T>, n0, 0, bar);
           if (writes_xf && kt % p.num_n == n0 / kBN) {  // this block writes k tile kt's planes: a copy
             if (wi > 0) mbar_wait(xempty, (wi - 1) & 1);  // of its x tile for the writers
@@ -389,7 +411,12 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     }
   } else {
     setmaxnreg_inc<kXf ? 224 : 240>();
-    consume<T>(p, base, full_bar, empty_bar, num_tiles);
+    consume<T, kCl>(p, base, full_bar, empty_bar, num_tiles);
+    // No CTA exits while its partner may still write to it or arrive on its barriers: every multicast
+    // into a CTA and every remote arrival precedes its partner's consumers' last wait or arrival.
+    // (The cluster barrier waits for the threads that have not exited: the producer warps need not
+    // take part, and with them it spills at 24 registers.)
+    if constexpr (kCl > 1) cluster_sync();
   }
 #else
   (void)tm_x, (void)tm_p, (void)p;
@@ -444,6 +471,12 @@ bool runs_sm90a(int dev) {
 
 bool aligned16(const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; }
 
+// FLASH_EQLINEAR_SM90_CLUSTER=2: the plain forward in clusters of two CTAs sharing x (default: off).
+bool sm90_clusters() {
+  const char* v = std::getenv("FLASH_EQLINEAR_SM90_CLUSTER");
+  return v != nullptr && std::strcmp(v, "2") == 0;
+}
+
 template <class T>
 cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   *launched = false;
@@ -492,6 +525,43 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   // (c = d = 2048: 5-6% faster than groups of 8, benchmarks/README.md v12). Larger planes are streamed
   // once per group: groups of 8 m tiles read them a quarter as often.
   kp.group_m = 4 * kE * p.c * p.d <= (int64_t{32} << 20) ? 2 : 8;
+  if (p.xf == nullptr && num_n > 1 && sm90_clusters()) {  // clusters of two sharing x (the kernel, kCl)
+    auto kernel = eq_linear_fwd_sm90_kernel<T, false, 2>;
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    kp.num_ng = static_cast<int>((num_n + 1) / 2);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cfg.gridDim = dim3(static_cast<unsigned>(2 * std::min<int64_t>(num_m * kp.num_ng, num_sms / 2)));
+    // Persistent clusters: no more than can be resident at once (a GPC holds whole clusters only).
+    // Cached per device (benign race: every writer writes the same).
+    static int max_clusters[64] = {};
+    int clusters = 0;
+    if (dev < 64) {
+      if (max_clusters[dev] == 0) {
+        int n = 0;
+        e = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
+        if (e != cudaSuccess) return e;
+        max_clusters[dev] = n > 0 ? n : -1;
+      }
+      clusters = max_clusters[dev];
+    }
+    if (clusters > 0) {
+      cfg.gridDim = dim3(static_cast<unsigned>(2 * std::min<int64_t>(num_m * kp.num_ng, clusters)));
+      *launched = true;
+      return cudaLaunchKernelEx(&cfg, kernel, tm_x, tm_p, kp);
+    }
+  }
+  kp.num_ng = kp.num_n;
   auto kernel = p.xf != nullptr ? eq_linear_fwd_sm90_kernel<T, true> : eq_linear_fwd_sm90_kernel<T, false>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;

@@ -174,12 +174,55 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int 
       : "memory");
 #endif
 }
+// Multicast form: the box lands at dst's offset in each CTA of the cluster named in ctas (a bit mask of
+// ranks), and its bytes complete on the barrier at bar's offset in each of them.
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* tmap, int c0, int c1, uint32_t bar,
+                                                      uint16_t ctas) {
+#ifdef FLASH_EQLINEAR_WGMMA
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar), "h"(ctas)
+      : "memory");
+#endif
+}
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, int c0, int c1, int c2, uint32_t bar) {
 #ifdef FLASH_EQLINEAR_WGMMA
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
           "r"(dst), "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
+#endif
+}
+
+// ---- clusters -----------------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r = 0;
+#ifdef FLASH_EQLINEAR_WGMMA
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+#endif
+  return r;
+}
+// The shared::cluster address of shared-memory address addr (of this CTA's layout) in CTA rank.
+__device__ __forceinline__ uint32_t cluster_map(uint32_t addr, uint32_t rank) {
+  uint32_t r = addr;
+#ifdef FLASH_EQLINEAR_WGMMA
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+#endif
+  return r;
+}
+// An arrival on a barrier of another CTA of the cluster (address from cluster_map). Default
+// semantics: the arriving warp's shared-memory reads have completed, which is all a "stage read"
+// release needs (a cluster-scope release would fence every arrival).
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_bar) {
+#ifdef FLASH_EQLINEAR_WGMMA
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
+#endif
+}
+// All threads of all CTAs of the cluster.
+__device__ __forceinline__ void cluster_sync() {
+#ifdef FLASH_EQLINEAR_WGMMA
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 #endif
 }
 

@@ -113,13 +113,15 @@ SM90_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("path", ["sm90", "portable"])
+@pytest.mark.parametrize("path", ["sm90", "sm90-cluster", "portable"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("M, c, d", SM90_SHAPES)
 def test_forward_each_path(M, c, d, dtype, path, monkeypatch):
     # FLASH_EQLINEAR_SM90=0 forces the portable mma.sync kernel where the sm_90a one would run
-    # (elsewhere both settings run the portable kernel). Each path: fp64 criterion, bitwise repeatable.
-    monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1" if path == "sm90" else "0")
+    # (elsewhere both settings run the portable kernel); FLASH_EQLINEAR_SM90_CLUSTER=2 the sm_90a
+    # kernel in clusters of two. Each path: fp64 criterion, bitwise repeatable.
+    monkeypatch.setenv("FLASH_EQLINEAR_SM90", "0" if path == "portable" else "1")
+    monkeypatch.setenv("FLASH_EQLINEAR_SM90_CLUSTER", "2" if path == "sm90-cluster" else "1")
     monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")  # small shapes would take the narrow kernel
     x, planes, b = make(M, c, d, dtype, seed=M + 3 * c + 7 * d)
     op = torch.ops.flash_eqlinear.eq_linear_fwd
@@ -128,6 +130,29 @@ def test_forward_each_path(M, c, d, dtype, path, monkeypatch):
     assert torch.equal(op(x, planes, b), y)
     x = (x.float() / x.float().abs().max() * 3e4).to(dtype)  # fp16: the halved prologue keeps this finite
     check_against_linear(op(x, planes, None), x, planes, None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("M, c, d", SM90_SHAPES + [(20000, 8, 130), (20000, 40, 190)])
+def test_forward_clusters(M, c, d, dtype, monkeypatch):
+    # Clusters of two CTAs sharing x (FLASH_EQLINEAR_SM90_CLUSTER=2) launch their own kernel and give
+    # the single-CTA kernel's output bit for bit (same fragments, same wgmma order); an odd count of
+    # n tiles leaves the last cluster's second CTA a tile past d.
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm_90a kernel only")
+    monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1")
+    monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
+    x, planes, b = make(M, c, d, dtype, seed=M + 5 * c + 3 * d)
+    op = torch.ops.flash_eqlinear.eq_linear_fwd
+    monkeypatch.setenv("FLASH_EQLINEAR_SM90_CLUSTER", "1")
+    y1 = op(x, planes, b)
+    monkeypatch.setenv("FLASH_EQLINEAR_SM90_CLUSTER", "2")
+    out = []
+    names = launched_kernels(lambda: out.append(op(x, planes, b)))
+    kernels = [n for n in names if "eq_linear_fwd_sm90_kernel" in n]
+    if (d + 63) // 64 > 1:
+        assert kernels and all(", 2>" in n for n in kernels), names
+    assert torch.equal(out[0], y1)
 
 
 # Shapes of the narrow kernel (c, d <= 32): both warp tiles (d <= 16: 16 rows, else 8), both K widths
