@@ -12,8 +12,10 @@
 // pipeline fill of a tile overlaps the previous tile's epilogue. setmaxnreg moves registers from the
 // producer (24) to the consumers (240: 128 accumulators, 32 double-buffered A registers, 32 of raw
 // x); 56 / 224 in the xf-writing variant (below).
-// Measured and dropped: clusters of 2 blocks sharing x through TMA multicast (a third less L2
-// traffic, no faster: the consumers, not L2, set the pace once the transform is cheap).
+// Clusters of two CTAs on one m tile share its x through TMA multicast (kCl, by default for 16-bit
+// layers with c >= 512): a third less L2 traffic. Before persistence this measured no faster; since
+// then, and with the kernel at the board's power cap, it measured 2.5% faster on average
+// (benchmarks/README.md, v12).
 
 // Shared memory per stage (48 KB, 1024-byte aligned):
 //   x   2 x [128 rows][128 B]: 16 channels x 4 group values of rows m0.. (TMA box {64, 128} of x
