@@ -1,6 +1,6 @@
 // Hopper (sm_90a) PTX helpers: wgmma.mma_async m64n64 (k16 fp16 / bf16, k8 TF32) with A from
-// registers and B from shared memory (K-major), its fence / commit / wait wrappers, mbarriers and
-// TMA (bulk tensor) loads.
+// registers and B from shared memory (K-major), its fence / commit / wait wrappers, mbarriers, TMA
+// (bulk tensor) loads, and the cluster helpers (rank, peer addresses, remote arrivals, barrier).
 //
 // Register A (per warp of the warpgroup: rows 16 w .. 16 w + 15) has exactly the mma.sync m16n8k16
 // A fragment layout, and the FP32 accumulator d[j][0..3] of n8 block j the m16n8 C layout, so the
