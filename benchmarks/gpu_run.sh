@@ -27,7 +27,8 @@ if has test; then
   grep -E "FAILED|Error|assert" "$OUT/test.log" | head -20
 fi
 if has sanitize; then
-  # SANITIZE_ARGS: the sets of sanitize_cases.py (default all), e.g. "gemm quick"
+  # SANITIZE_ARGS: the sets of sanitize_cases.py (default all), e.g. "gemm quick" or "hopper" (racecheck of
+  # all of them, or of "fwd gemm", runs past the device's 10-minute limit)
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
     # memcheck without the caching allocator (the variable counts when set at all): reads past a tensor
     # inside a cached block get reported too
