@@ -15,7 +15,7 @@ SHAPES += [(17925, 16, 16)]  # more tiles than SMs: persistent blocks walk sever
 SHAPES += [(257, 20, 31), (1000, 32, 32), (4097, 16, 8)]  # the narrow kernel's other tiles
 SHAPES += [(5000, 40, 200), (20000, 3, 200)]  # FP32 tiled: more tiles than blocks (one k tile for c = 3)
 # Which ops: fwd, bwd, dft (group DFT), tiles (FP32 tiles), gemm (the 16-bit GEMM forms), hopper (the Hopper
-# forward alone; not in the default list, "fwd" and "gemm" cover it); "quick": the
+# forward alone, its clusters forced; not in the default list); "quick": the
 # weight-gradient set without its two largest shapes (racecheck runs each launch ~100x slower).
 DIRECTIONS = sys.argv[1:] or ["fwd", "bwd", "dft", "tiles", "gemm"]
 BWD_SHAPES = SHAPES + [(5000, 48, 59), (3000, 64, 128)]
