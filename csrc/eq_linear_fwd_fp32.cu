@@ -44,6 +44,7 @@
 
 #include "eq_linear_fwd.h"
 #include "eq_p4_transform.cuh"
+#include "eq_pdl.cuh"
 
 namespace flash_eqlinear {
 namespace {
@@ -126,6 +127,8 @@ eq_linear_fwd_fp32_kernel(const float* __restrict__ x, const float* __restrict__
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, SA = Cfg::SA, SB = Cfg::SB;
   constexpr int TM = Cfg::TM, TN = Cfg::TN;
   constexpr int XL = Cfg::XL, XRS = Cfg::XRS, KH = Cfg::KH, PL = Cfg::PL, GSTEP = Cfg::GSTEP;
+  pdl_trigger();  // eq_pdl.cuh
+  pdl_wait();
 
   extern __shared__ float4 smem4[];  // float4: 16-byte alignment for the vector reads
   float* const As = reinterpret_cast<float*>(smem4);
@@ -346,10 +349,9 @@ cudaError_t launch(const FwdParams& p, cudaStream_t stream) {
   const int64_t grid_n = (p.d + Cfg::BN - 1) / Cfg::BN;
   if (grid_m > INT_MAX || grid_n > 65535) return cudaErrorInvalidConfiguration;
   const dim3 grid{unsigned(grid_m), unsigned(grid_n)};
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
-      static_cast<const float*>(p.x), static_cast<const float*>(p.planes),
-      static_cast<const float*>(p.bias), static_cast<float*>(p.y), p.M, int(p.c), int(p.d));
-  return cudaGetLastError();
+  return launch_maybe_pdl(grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, kernel,
+                          static_cast<const float*>(p.x), static_cast<const float*>(p.planes),
+                          static_cast<const float*>(p.bias), static_cast<float*>(p.y), p.M, int(p.c), int(p.d));
 }
 
 template <class Cfg>

@@ -41,6 +41,7 @@
 #include "eq_linear_fwd.h"
 #include "eq_linear_fwd_narrow.h"
 #include "eq_linear_mma_common.cuh"
+#include "eq_pdl.cuh"
 
 namespace flash_eqlinear {
 namespace {
@@ -91,6 +92,8 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
   using Cfg = NarrowCfg<T, KC, DN>;
   constexpr int WR = Cfg::WR, SA = Cfg::SA, SP = Cfg::SP, QPC = Cfg::QPC, CPR = Cfg::CPR, NX = Cfg::NX;
   extern __shared__ float4 smem4[];
+  pdl_trigger();  // eq_pdl.cuh
+  pdl_wait();
   float* const P = reinterpret_cast<float*>(smem4);                      // [4][KC][SP]: P0, PR, PI, P2
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   float* const F = P + 4 * KC * SP + warp * (Cfg::kWarpF + Cfg::kWarpRaw / 4);  // warp's [4][KC][SA], then raw
@@ -283,6 +286,8 @@ eq_linear_fwd_narrow_mma_kernel(const T* __restrict__ x, const T* __restrict__ p
   using Cfg = NarrowMmaCfg<T, KC, DN>;
   constexpr int WR = Cfg::WR, CPR = Cfg::CPR, KS = Cfg::KS, NT = Cfg::NT, kWarps = kThreads / 32;
   extern __shared__ uint4 slots[];
+  pdl_trigger();  // eq_pdl.cuh
+  pdl_wait();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, t = lane % 4;
   uint4* const raw = slots + warp * WR * CPR;  // the warp's rows as 16-byte chunks [r][q]
   const int64_t num_tiles = (M + WR - 1) / WR, stride = int64_t(gridDim.x) * kWarps;
@@ -393,10 +398,10 @@ cudaError_t launch_mma(const FwdParams& p, int sms, cudaStream_t stream) {
   using Cfg = NarrowMmaCfg<T, KC, DN>;
   constexpr int kRowsPerBlock = Cfg::WR * (kThreads / 32);
   const int64_t blocks = std::min<int64_t>((p.M + kRowsPerBlock - 1) / kRowsPerBlock, sms * int64_t(Cfg::kBlocks));
-  eq_linear_fwd_narrow_mma_kernel<T, KC, DN><<<unsigned(blocks), kThreads, Cfg::kSmemBytes, stream>>>(
-      static_cast<const T*>(p.x), static_cast<const T*>(p.planes), static_cast<const T*>(p.bias),
-      static_cast<T*>(p.y), p.M, int(p.c), int(p.d));
-  return cudaGetLastError();
+  return launch_maybe_pdl(dim3(unsigned(blocks)), dim3(kThreads), Cfg::kSmemBytes, stream,
+                          eq_linear_fwd_narrow_mma_kernel<T, KC, DN>, static_cast<const T*>(p.x),
+                          static_cast<const T*>(p.planes), static_cast<const T*>(p.bias), static_cast<T*>(p.y), p.M,
+                          int(p.c), int(p.d));
 }
 
 template <class T, int KC, int DN, bool kVec>
@@ -415,10 +420,9 @@ cudaError_t launch(const FwdParams& p, cudaStream_t stream) {
   // (+ 1 KB per block that the driver reserves).
   int per_sm = std::max(1, std::min(Cfg::kMinBlocks, smem_sm / (Cfg::kSmemBytes + 1024)));
   const int64_t blocks = std::min<int64_t>((p.M + Cfg::BM - 1) / Cfg::BM, int64_t(sms) * per_sm);
-  kernel<<<unsigned(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
-      static_cast<const T*>(p.x), static_cast<const T*>(p.planes), static_cast<const T*>(p.bias),
-      static_cast<T*>(p.y), p.M, int(p.c), int(p.d));
-  return cudaGetLastError();
+  return launch_maybe_pdl(dim3(unsigned(blocks)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, kernel,
+                          static_cast<const T*>(p.x), static_cast<const T*>(p.planes), static_cast<const T*>(p.bias),
+                          static_cast<T*>(p.y), p.M, int(p.c), int(p.d));
 }
 
 template <class T, int KC, int DN>

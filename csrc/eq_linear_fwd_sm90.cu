@@ -77,6 +77,7 @@
 #include "eq_linear_fwd_sm90.h"
 #include "eq_linear_mma_common.cuh"
 #include "eq_linear_sm90.cuh"
+#include "eq_pdl.cuh"
 
 namespace flash_eqlinear {
 namespace {
@@ -376,6 +377,10 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     cluster_sync();  // both CTAs' barriers are initialised before any multicast or remote arrival
   else
     __syncthreads();
+  // Launched with programmatic dependent launch (eq_pdl.cuh): the set-up above overlapped the previous
+  // kernel's tail; no global memory is touched before this.
+  pdl_trigger();
+  pdl_wait();
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
     setmaxnreg_dec<kXf ? 56 : 24>();
@@ -536,7 +541,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     kp.num_ng = static_cast<int>((num_n + 1) / 2);
-    cudaLaunchAttribute attr[1];
+    cudaLaunchAttribute attr[2];  // the cluster shape, and room for launch_maybe_pdl's
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = 2;
     attr[0].val.clusterDim.y = 1;
@@ -564,7 +569,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
     if (clusters > 0) {
       cfg.gridDim = dim3(static_cast<unsigned>(2 * std::min<int64_t>(num_m * kp.num_ng, clusters)));
       *launched = true;
-      return cudaLaunchKernelEx(&cfg, kernel, tm_x, tm_p, kp);
+      return launch_maybe_pdl(cfg, attr, kernel, tm_x, tm_p, kp);
     }
   }
   kp.num_ng = kp.num_n;
@@ -572,9 +577,8 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_m * num_n, num_sms));
-  kernel<<<grid, kThreads, smem, stream>>>(tm_x, tm_p, kp);
   *launched = true;
-  return cudaGetLastError();
+  return launch_maybe_pdl(dim3(grid), dim3(kThreads), smem, stream, kernel, tm_x, tm_p, kp);
 }
 
 }  // namespace

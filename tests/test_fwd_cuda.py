@@ -292,6 +292,51 @@ def test_bitwise_reproducible(shape, dtype):
         assert torch.equal(op(x, planes, b), y0)
 
 
+# (dtype, c = d, switches, kernel-name fragment): the forward kernels launched with programmatic
+# dependent launch on sm_90+ (the Hopper kernel alone and in clusters, the narrow kernel's FFMA and
+# mma.sync variants, the FP32 tiles).
+PDL_CASES = [
+    (torch.float16, 64, {"FLASH_EQLINEAR_SM90_CLUSTER": "1"}, "eq_linear_fwd_sm90_kernel"),
+    (torch.bfloat16, 256, {"FLASH_EQLINEAR_SM90_CLUSTER": "2"}, "eq_linear_fwd_sm90_kernel"),
+    (torch.float16, 16, {"FLASH_EQLINEAR_NARROW": "1"}, "narrow_mma"),
+    (torch.float32, 32, {"FLASH_EQLINEAR_NARROW": "1"}, "eq_linear_fwd_narrow_kernel"),
+    (torch.float32, 64, {"FLASH_EQLINEAR_NARROW": "0"}, "eq_linear_fwd_fp32_kernel"),
+]
+
+
+@pytest.mark.parametrize("dtype, c, switches, kernel", PDL_CASES, ids=str)
+def test_dependent_launches_in_a_chain(dtype, c, switches, kernel, monkeypatch):
+    # y <- layer(y), 12 times, only the current y alive: each launch reads the previous one's output,
+    # and the caching allocator hands it the buffer that launch before that read. A kernel touching
+    # memory before its grid-dependency wait would read stale inputs or overwrite live ones. Eager and
+    # graph-replayed chains with programmatic dependent launch must equal the chain without it bit for bit.
+    for k, v in switches.items():
+        monkeypatch.setenv(k, v)
+    x, planes, b = make(8192, c, c, dtype, seed=c)
+    op = torch.ops.flash_eqlinear.eq_linear_fwd
+    planes = planes * 0.5  # keeps 12 layers' outputs in range
+
+    def chain(y):
+        for _ in range(12):
+            y = op(y, planes, b)
+        return y
+
+    monkeypatch.setenv("FLASH_EQLINEAR_PDL", "0")
+    want = chain(x)
+    monkeypatch.setenv("FLASH_EQLINEAR_PDL", "1")
+    assert any(kernel in n for n in launched_kernels(lambda: chain(x))), kernel
+    for _ in range(3):
+        assert torch.equal(chain(x), want)
+    static_x = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    chain(static_x)  # warm-up outside capture
+    with torch.cuda.graph(graph):
+        static_y = chain(static_x)
+    for _ in range(3):
+        graph.replay()
+        assert torch.equal(static_y, want)
+
+
 @pytest.mark.parametrize("c", [64, 59])
 def test_fp16_large_inputs_finite(c):
     # x0+x1+x2+x3 overflows fp16 for |x| > 16384; the kernel's prologue must not.
