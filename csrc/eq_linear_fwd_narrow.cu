@@ -92,8 +92,7 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
   using Cfg = NarrowCfg<T, KC, DN>;
   constexpr int WR = Cfg::WR, SA = Cfg::SA, SP = Cfg::SP, QPC = Cfg::QPC, CPR = Cfg::CPR, NX = Cfg::NX;
   extern __shared__ float4 smem4[];
-  pdl_trigger();  // eq_pdl.cuh
-  pdl_wait();
+  pdl_wait();  // eq_pdl.cuh: no global memory is touched before this
   float* const P = reinterpret_cast<float*>(smem4);                      // [4][KC][SP]: P0, PR, PI, P2
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   float* const F = P + 4 * KC * SP + warp * (Cfg::kWarpF + Cfg::kWarpRaw / 4);  // warp's [4][KC][SA], then raw
@@ -286,8 +285,7 @@ eq_linear_fwd_narrow_mma_kernel(const T* __restrict__ x, const T* __restrict__ p
   using Cfg = NarrowMmaCfg<T, KC, DN>;
   constexpr int WR = Cfg::WR, CPR = Cfg::CPR, KS = Cfg::KS, NT = Cfg::NT, kWarps = kThreads / 32;
   extern __shared__ uint4 slots[];
-  pdl_trigger();  // eq_pdl.cuh
-  pdl_wait();
+  pdl_wait();  // eq_pdl.cuh: no global memory is touched before this
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, t = lane % 4;
   uint4* const raw = slots + warp * WR * CPR;  // the warp's rows as 16-byte chunks [r][q]
   const int64_t num_tiles = (M + WR - 1) / WR, stride = int64_t(gridDim.x) * kWarps;

@@ -377,9 +377,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     cluster_sync();  // both CTAs' barriers are initialised before any multicast or remote arrival
   else
     __syncthreads();
-  // Launched with programmatic dependent launch (eq_pdl.cuh): the set-up above overlapped the previous
-  // kernel's tail; no global memory is touched before this.
-  pdl_trigger();
+  // Launched with programmatic dependent launch (eq_pdl.cuh): no global memory is touched before this.
   pdl_wait();
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----

@@ -1,15 +1,16 @@
-// Programmatic dependent launch (sm_90+): a forward kernel launched with it may start while the kernel
-// before it in the stream is still finishing, so its launch and set-up overlap that kernel's tail.
+// Programmatic dependent launch (sm_90+): the forward kernels are launched with it, so that each one's
+// launch overlaps the end of the kernel before it in the stream instead of following its completion.
 //
-// Device side, at the top of the kernel (every thread):
-//   pdl_trigger(): this CTA lets the next kernel in the stream (if launched the same way) be scheduled;
-//     it is scheduled once every CTA of this grid has triggered or exited, so all of this grid's CTAs
-//     are resident by then and a waiting dependent can never hold an SM one of them needs.
-//   pdl_wait(): returns once the kernels this one depends on have completed and their memory is visible.
-//     Nothing before it may read or write global memory (kernel parameters, tensor maps included, are
-//     not global memory: prefetching a __grid_constant__ tensor map is fine).
-// Both are no-ops when the kernel was launched without the attribute, and compile to nothing below
-// sm_90.
+// Device side: pdl_wait() at the top of the kernel (every thread) returns once the kernels this one
+// depends on have completed and their memory is visible; nothing before it reads or writes global
+// memory (the inputs may still be in the making, the output buffer may still be read). It is a no-op
+// when the kernel was launched without the attribute and compiles to nothing below sm_90.
+// None of our kernels triggers its dependents early (griddepcontrol.launch_dependents): their
+// successors launch as they finish. Measured on an H100 (graphed forwards, benchmarks/README.md v13):
+// an early trigger let the next launch of the narrow kernel's persistent grid pile onto the SMs that
+// freed up first, more blocks than the grid is sized for, which split its fixed work unevenly (+26% at
+// FP32 c = 32), and cost the Hopper kernel 2-4% at c = 256; launching with the attribute and waiting
+// only was never slower by more than noise and 2-7% faster for short layers.
 //
 // Host side: launch_maybe_pdl sets the attribute on devices of compute capability 9.0 and later unless
 // FLASH_EQLINEAR_PDL=0 (the switch to time or debug without it; read at each launch).
@@ -22,12 +23,6 @@
 #include <cuda_runtime.h>
 
 namespace flash_eqlinear {
-
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
 
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -47,8 +42,8 @@ inline bool pdl_enabled(int dev) {
   return major >= 9;
 }
 
-// cfg (grid, block, shared memory, stream and any attributes of its own, room for one more in attrs)
-// launched with the programmatic-serialization attribute added where pdl_enabled.
+// cfg (grid, block, shared memory, stream, and cfg.numAttrs attributes of its own in attrs, which has
+// room for one more) launched with the programmatic-serialization attribute added where pdl_enabled.
 template <class... KArgs, class... Args>
 cudaError_t launch_maybe_pdl(cudaLaunchConfig_t cfg, cudaLaunchAttribute* attrs, void (*kernel)(KArgs...),
                              Args&&... args) {
