@@ -78,10 +78,7 @@ struct NarrowCfg {
   static constexpr int SP = CPL == 4 ? DN : DN + 2;
   static constexpr int kPlaneLoads = 4 * KC * DN / kThreads;  // plane elements per thread
   static constexpr int kWarpF = 4 * KC * SA;    // floats of one warp's f tile
-  // Tiles whose x rows are in flight per warp (cp.async slot sets): two where shared memory allows, so
-  // that a warp's loads run two tiles ahead of its math.
-  static constexpr int kDepth = KC > 32 ? 1 : 2;
-  static constexpr int kWarpRaw = kDepth * 16 * kLoads * 32;  // bytes of one warp's cp.async slots
+  static constexpr int kWarpRaw = 16 * kLoads * 32;  // bytes of one warp's cp.async slots
   static constexpr int kSmemBytes = kWarps * (kWarpF * int(sizeof(float)) + kWarpRaw) + 4 * KC * SP * int(sizeof(float));
   static_assert(WR * CPR % 32 == 0 && WR * KC % 32 == 0, "x rows split evenly over the lanes");
   static_assert(QPC >= 1, "16-byte chunks hold whole quadruples");
@@ -91,7 +88,7 @@ struct NarrowCfg {
 template <class T, int KC, int DN, bool kVec>
 __global__ void __launch_bounds__((NarrowCfg<T, KC, DN>::kThreads), (NarrowCfg<T, KC, DN>::kMinBlocks))
 eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ planes, const T* __restrict__ bias,
-                            T* __restrict__ y, int64_t M, int c, int d, int depth) {
+                            T* __restrict__ y, int64_t M, int c, int d) {
   using Cfg = NarrowCfg<T, KC, DN>;
   constexpr int WR = Cfg::WR, SA = Cfg::SA, SP = Cfg::SP, QPC = Cfg::QPC, CPR = Cfg::CPR, NX = Cfg::NX;
   extern __shared__ float4 smem4[];
@@ -115,9 +112,8 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
   // next tile's copies fly during this tile's math without holding registers; a lane reads back only
   // its own slots, so its wait_group suffices). Element path: one quadruple (row, channel) per
   // register group, loaded at the top of each tile.
-  uint4* const raw0 = reinterpret_cast<uint4*>(F + Cfg::kWarpF) + lane;
-  const auto issue_x = [&](int64_t m0, int buf) {  // into slot set buf, one commit group
-    uint4* const raw = raw0 + buf * Cfg::kLoads * 32;
+  uint4* const raw = reinterpret_cast<uint4*>(F + Cfg::kWarpF) + lane;
+  const auto issue_x = [&](int64_t m0) {
     const int cpr = c / QPC;  // valid chunks per row (c % QPC == 0 on this path)
     const T* const xt = x + m0 * c * 4;
     #pragma unroll
@@ -127,12 +123,7 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
     }
     cp_async_commit();
   };
-  // The first kDepth tiles' rows: in flight during the planes copy and the barrier.
-  if constexpr (kVec) {
-    #pragma unroll
-    for (int b = 0; b < Cfg::kDepth; ++b)
-      if (b < depth && tile + b * stride < num_tiles) issue_x((tile + b * stride) * WR, b);
-  }
+  if (kVec && tile < num_tiles) issue_x(tile * WR);  // in flight during the planes copy and the barrier
 
   // ---- planes (4, d, c) -> P[g][k][o] (the F groups' order P0, PR, PI, P2 is the planes' order):
   // all loads first (a loop of load-then-store would wait out one L2 latency per iteration).
@@ -155,15 +146,10 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
   #pragma unroll
   for (int j = 0; j < CPL; ++j) bv[j] = (bias != nullptr && o0 + j < d) ? to_float(bias[o0 + j]) : 0.f;
 
-  for (int buf = 0; tile < num_tiles; tile += stride, buf = (buf + 1) % depth) {
+  for (; tile < num_tiles; tile += stride) {
     const int64_t m0 = tile * WR;
     if constexpr (kVec) {
-      // This tile's group is the oldest in flight; with kDepth = 2 the next tile's may still fly.
-      if (depth == 2 && tile + stride < num_tiles)
-        cp_async_wait<1>();
-      else
-        cp_async_wait<0>();
-      const uint4* const raw = raw0 + buf * Cfg::kLoads * 32;
+      cp_async_wait<0>();
       #pragma unroll
       for (int it = 0; it < Cfg::kLoads; ++it) {
         const int i = lane + 32 * it;
@@ -174,8 +160,7 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
           put_f(i / CPR, (i % CPR) * QPC + j, to_float(e[4 * j]), to_float(e[4 * j + 1]),
                 to_float(e[4 * j + 2]), to_float(e[4 * j + 3]));
       }
-      // Slots read: refill them with the tile kDepth strides on.
-      if (tile + depth * stride < num_tiles) issue_x((tile + depth * stride) * WR, buf);
+      if (tile + stride < num_tiles) issue_x((tile + stride) * WR);  // slots read: refill them
     } else {
       float4 q[Cfg::kQuads];
       #pragma unroll
@@ -435,8 +420,7 @@ cudaError_t launch(const FwdParams& p, cudaStream_t stream) {
   const int64_t blocks = std::min<int64_t>((p.M + Cfg::BM - 1) / Cfg::BM, int64_t(sms) * per_sm);
   return launch_maybe_pdl(dim3(unsigned(blocks)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, kernel,
                           static_cast<const T*>(p.x), static_cast<const T*>(p.planes), static_cast<const T*>(p.bias),
-                          static_cast<T*>(p.y), p.M, int(p.c), int(p.d),
-                          std::getenv("FLASH_EQLINEAR_NARROW_DEPTH") != nullptr ? 1 : Cfg::kDepth);
+                          static_cast<T*>(p.y), p.M, int(p.c), int(p.d));
 }
 
 template <class T, int KC, int DN>
