@@ -88,9 +88,10 @@ struct NarrowCfg {
 template <class T, int KC, int DN, bool kVec>
 __global__ void __launch_bounds__((NarrowCfg<T, KC, DN>::kThreads), (NarrowCfg<T, KC, DN>::kMinBlocks))
 eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ planes, const T* __restrict__ bias,
-                            T* __restrict__ y, int64_t M, int c, int d) {
+                            T* __restrict__ y, int64_t M, int c, int d, int variant) {
   using Cfg = NarrowCfg<T, KC, DN>;
-  constexpr int WR = Cfg::WR, SA = Cfg::SA, SP = Cfg::SP, QPC = Cfg::QPC, NX = Cfg::NX;
+  constexpr int WR = Cfg::WR, SA = Cfg::SA, SP = Cfg::SP, QPC = Cfg::QPC, NX = Cfg::NX, CPR = Cfg::CPR;
+  const bool rows_fast = variant & 1;
   extern __shared__ float4 smem4[];
   pdl_wait();  // eq_pdl.cuh: no global memory is touched before this
   float* const P = reinterpret_cast<float*>(smem4);                      // [4][KC][SP]: P0, PR, PI, P2
@@ -121,7 +122,7 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
     const T* const xt = x + m0 * c * 4;
     #pragma unroll
     for (int it = 0; it < Cfg::kLoads; ++it) {
-      const int i = lane + 32 * it, r = i % WR, q = i / WR;
+      const int i = lane + 32 * it, r = rows_fast ? i % WR : i / CPR, q = rows_fast ? i / WR : i % CPR;
       cp_async16_zfill(smem_addr(raw + 32 * it), xt + (r * c + q * QPC) * 4, x, m0 + r < M && q < cpr);
     }
     cp_async_commit();
@@ -160,7 +161,7 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
         const T* e = reinterpret_cast<const T*>(&u);
         #pragma unroll
         for (int j = 0; j < QPC; ++j)
-          put_f(i % WR, (i / WR) * QPC + j, to_float(e[4 * j]), to_float(e[4 * j + 1]),
+          put_f(rows_fast ? i % WR : i / CPR, (rows_fast ? i / WR : i % CPR) * QPC + j, to_float(e[4 * j]), to_float(e[4 * j + 1]),
                 to_float(e[4 * j + 2]), to_float(e[4 * j + 3]));
       }
       if (tile + stride < num_tiles) issue_x((tile + stride) * WR);  // slots read: refill them
@@ -218,7 +219,7 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
     __syncwarp();  // every lane has read F before the next tile's transform overwrites it
 
     // ---- inverse DFT + bias, stores
-    if constexpr (kVec && sizeof(T) == 4 && CPL == 2) {
+    if (kVec && sizeof(T) == 4 && CPL == 2 && (variant & 2)) {
       // FP32: a lane's two channels are 32 bytes of a row, which two 16-byte stores would each cover by
       // halves of sectors. Lane pairs (channels o, o + 1 | o + 2, o + 3; o = o0 of the even lane) swap one
       // float4 so that each store instruction writes whole sectors: first o, o + 1, then o + 2, o + 3.
@@ -446,7 +447,8 @@ cudaError_t launch(const FwdParams& p, cudaStream_t stream) {
   const int64_t blocks = std::min<int64_t>((p.M + Cfg::BM - 1) / Cfg::BM, int64_t(sms) * per_sm);
   return launch_maybe_pdl(dim3(unsigned(blocks)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, kernel,
                           static_cast<const T*>(p.x), static_cast<const T*>(p.planes), static_cast<const T*>(p.bias),
-                          static_cast<T*>(p.y), p.M, int(p.c), int(p.d));
+                          static_cast<T*>(p.y), p.M, int(p.c), int(p.d),
+                          std::getenv("FLASH_EQLINEAR_NARROW_VARIANT") ? std::atoi(std::getenv("FLASH_EQLINEAR_NARROW_VARIANT")) : 0);
 }
 
 template <class T, int KC, int DN>
