@@ -88,10 +88,9 @@ struct NarrowCfg {
 template <class T, int KC, int DN, bool kVec>
 __global__ void __launch_bounds__((NarrowCfg<T, KC, DN>::kThreads), (NarrowCfg<T, KC, DN>::kMinBlocks))
 eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ planes, const T* __restrict__ bias,
-                            T* __restrict__ y, int64_t M, int c, int d, int variant) {
+                            T* __restrict__ y, int64_t M, int c, int d) {
   using Cfg = NarrowCfg<T, KC, DN>;
-  constexpr int WR = Cfg::WR, SA = Cfg::SA, SP = Cfg::SP, QPC = Cfg::QPC, NX = Cfg::NX, CPR = Cfg::CPR;
-  const bool rows_fast = variant & 1;
+  constexpr int WR = Cfg::WR, SA = Cfg::SA, SP = Cfg::SP, QPC = Cfg::QPC, CPR = Cfg::CPR, NX = Cfg::NX;
   extern __shared__ float4 smem4[];
   pdl_wait();  // eq_pdl.cuh: no global memory is touched before this
   float* const P = reinterpret_cast<float*>(smem4);                      // [4][KC][SP]: P0, PR, PI, P2
@@ -108,11 +107,8 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
     dft4<false>(x0, x1, x2, x3, f[0 * KC * SA], f[1 * KC * SA], f[2 * KC * SA], f[3 * KC * SA]);
   };
 
-  // One warp tile's x rows. Chunk i = lane + 32 * it is row i % WR, channels (i / WR) * QPC ..
-  // (rows fastest: a warp's transposed stores into F then spread over rows, which lie in consecutive
-  // banks, instead of over channels, which lie SA apart: 3.8-way bank conflicts at c = 32 otherwise;
-  // the loads still cover whole sectors, 32 or 64 bytes of each of 16 or 8 rows); chunks past c or M
-  // are zero. 16-byte path: cp.async into lane-private slots raw[it][lane] (the
+  // One warp tile's x rows. Chunk i = lane + 32 * it is row i / CPR, channels (i % CPR) * QPC ..;
+  // chunks past c or M are zero. 16-byte path: cp.async into lane-private slots raw[it][lane] (the
   // next tile's copies fly during this tile's math without holding registers; a lane reads back only
   // its own slots, so its wait_group suffices). Element path: one quadruple (row, channel) per
   // register group, loaded at the top of each tile.
@@ -122,7 +118,7 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
     const T* const xt = x + m0 * c * 4;
     #pragma unroll
     for (int it = 0; it < Cfg::kLoads; ++it) {
-      const int i = lane + 32 * it, r = rows_fast ? i % WR : i / CPR, q = rows_fast ? i / WR : i % CPR;
+      const int i = lane + 32 * it, r = i / CPR, q = i % CPR;
       cp_async16_zfill(smem_addr(raw + 32 * it), xt + (r * c + q * QPC) * 4, x, m0 + r < M && q < cpr);
     }
     cp_async_commit();
@@ -161,7 +157,7 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
         const T* e = reinterpret_cast<const T*>(&u);
         #pragma unroll
         for (int j = 0; j < QPC; ++j)
-          put_f(rows_fast ? i % WR : i / CPR, (rows_fast ? i / WR : i % CPR) * QPC + j, to_float(e[4 * j]), to_float(e[4 * j + 1]),
+          put_f(i / CPR, (i % CPR) * QPC + j, to_float(e[4 * j]), to_float(e[4 * j + 1]),
                 to_float(e[4 * j + 2]), to_float(e[4 * j + 3]));
       }
       if (tile + stride < num_tiles) issue_x((tile + stride) * WR);  // slots read: refill them
@@ -219,28 +215,6 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
     __syncwarp();  // every lane has read F before the next tile's transform overwrites it
 
     // ---- inverse DFT + bias, stores
-    if (kVec && sizeof(T) == 4 && CPL == 2 && (variant & 2)) {
-      // FP32: a lane's two channels are 32 bytes of a row, which two 16-byte stores would each cover by
-      // halves of sectors. Lane pairs (channels o, o + 1 | o + 2, o + 3; o = o0 of the even lane) swap one
-      // float4 so that each store instruction writes whole sectors: first o, o + 1, then o + 2, o + 3.
-      // Branch-free selection: both stores are one instruction for all lanes. (No early exit per row:
-      // the shuffles need every lane.)
-      const bool odd = lane & 1;
-      const int o1 = odd ? o0 - 1 : o0, o2 = odd ? o0 + 1 : o0 + 2;  // channels of the two stores
-      #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t m = m0 + r0 + i;
-        const float4 v0 = inverse_dft4_f32(a0[i][0], a2[i][0], aR[i][0], aI[i][0], bv[0]);
-        const float4 v1 = inverse_dft4_f32(a0[i][1], a2[i][1], aR[i][1], aI[i][1], bv[1]);
-        const float4 send = odd ? v0 : v1;
-        const float4 recv = make_float4(__shfl_xor_sync(0xffffffffu, send.x, 1), __shfl_xor_sync(0xffffffffu, send.y, 1),
-                                        __shfl_xor_sync(0xffffffffu, send.z, 1), __shfl_xor_sync(0xffffffffu, send.w, 1));
-        if (m >= M) continue;
-        float4* const row = reinterpret_cast<float4*>(y + m * d * 4);
-        if (o1 < d) row[o1] = odd ? recv : v0;  // d even: a channel pair is valid or invalid as a whole
-        if (o2 < d) row[o2] = odd ? v1 : recv;
-      }
-    } else {
     #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t m = m0 + r0 + i;
@@ -279,7 +253,6 @@ eq_linear_fwd_narrow_kernel(const T* __restrict__ x, const T* __restrict__ plane
           for (int g = 0; g < 4; ++g) dst[4 * j + g] = from_float<T>(out[j][g]);
         }
       }
-    }
     }
   }
 }
@@ -447,8 +420,7 @@ cudaError_t launch(const FwdParams& p, cudaStream_t stream) {
   const int64_t blocks = std::min<int64_t>((p.M + Cfg::BM - 1) / Cfg::BM, int64_t(sms) * per_sm);
   return launch_maybe_pdl(dim3(unsigned(blocks)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, kernel,
                           static_cast<const T*>(p.x), static_cast<const T*>(p.planes), static_cast<const T*>(p.bias),
-                          static_cast<T*>(p.y), p.M, int(p.c), int(p.d),
-                          std::getenv("FLASH_EQLINEAR_NARROW_VARIANT") ? std::atoi(std::getenv("FLASH_EQLINEAR_NARROW_VARIANT")) : 0);
+                          static_cast<T*>(p.y), p.M, int(p.c), int(p.d));
 }
 
 template <class T, int KC, int DN>
