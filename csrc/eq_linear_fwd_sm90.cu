@@ -110,6 +110,7 @@ struct Sm90Params {
   int c, d, k_tiles, num_m, num_n;
   int group_m;  // m tiles per group of the walk (see tile_origin)
   int num_ng;   // n groups: num_n / the cluster size, rounded up
+  int stagger;  // scratch A/B: consumer warpgroup 1 starts this many k tiles after warpgroup 0
 };
 constexpr int kXfWarps = 3;  // producer warps 1-3 write xf
 static_assert(32 * (1 + kXfWarps) == 128, "the producer warpgroup: the TMA warp and the xf writers");
@@ -174,6 +175,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
     mbar_arrive(empty_bar + 8 * s);
     if constexpr (kCl > 1) mbar_arrive_cluster(cluster_map(empty_bar + 8 * s, cluster_ctarank() ^ 1));
   };
+  if (p.stagger > 0 && warp >= 8) asm volatile("bar.sync 1, 256;\n" ::: "memory");
   for (int tile = blockIdx.x / kCl; tile < num_tiles; tile += gridDim.x / kCl) {
     int m0, n0;
     tile_origin<kCl>(p, tile, kCl > 1 ? static_cast<int>(cluster_ctarank()) : 0, m0, n0);
@@ -211,6 +213,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
     load_x(v[1], base + (it % kStages) * kStageBytes + kXSub);
     for (int kt = 0; kt < KT; ++kt, ++it) {
       const int s = it % kStages;
+      if (p.stagger > 0 && warp < 8 && it == static_cast<uint32_t>(p.stagger)) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
         uint32_t(&f)[4][4] = fa[ks];
@@ -286,6 +289,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
       }
     }
   }
+  if (p.stagger > 0 && warp < 8 && it <= static_cast<uint32_t>(p.stagger)) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
 }
 
 // Producer warps 1-3: x's Fourier planes of the k tiles that fall to this block (header), from the copy
@@ -523,6 +527,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.xf = p.xf;
   kp.xf_sums = p.xf_sums;
   kp.xf_scale = p.xf_scale;
+  kp.stagger = std::getenv("FLASH_EQLINEAR_SM90_STAGGER") ? std::atoi(std::getenv("FLASH_EQLINEAR_SM90_STAGGER")) : 0;
   kp.M = p.M;
   kp.c = static_cast<int>(p.c);
   kp.d = static_cast<int>(p.d);
