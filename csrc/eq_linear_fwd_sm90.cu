@@ -213,7 +213,6 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
     load_x(v[1], base + (it % kStages) * kStageBytes + kXSub);
     for (int kt = 0; kt < KT; ++kt, ++it) {
       const int s = it % kStages;
-      if (p.stagger > 0 && warp < 8 && it == static_cast<uint32_t>(p.stagger)) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
         uint32_t(&f)[4][4] = fa[ks];
@@ -243,7 +242,10 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
 #pragma unroll
         for (int op = 0; op < 4; ++op) reg_fence(fa[ks ^ 1][op]);
         // At ks == 0 that previous group was k tile it-1's last: release its stage.
-        if (ks == 0 && kt > 0 && lane == 0) release((it - 1) % kStages);
+        if (ks == 0 && kt > 0) {
+          if (lane == 0) release((it - 1) % kStages);
+          if (p.stagger > 0 && warp < 8 && it == static_cast<uint32_t>(p.stagger)) asm volatile("bar.arrive 1, 256;\n");
+        }
       }
     }
     wgmma_wait<0>();
@@ -289,7 +291,8 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
       }
     }
   }
-  if (p.stagger > 0 && warp < 8 && it <= static_cast<uint32_t>(p.stagger)) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+  // arrive here if the loop never did: fewer than stagger + 1 k tiles, or only the first tile's k tile 0
+  if (p.stagger > 0 && warp < 8 && it <= static_cast<uint32_t>(p.stagger)) asm volatile("bar.arrive 1, 256;\n");
 }
 
 // Producer warps 1-3: x's Fourier planes of the k tiles that fall to this block (header), from the copy
@@ -527,11 +530,12 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.xf = p.xf;
   kp.xf_sums = p.xf_sums;
   kp.xf_scale = p.xf_scale;
-  kp.stagger = std::getenv("FLASH_EQLINEAR_SM90_STAGGER") ? std::atoi(std::getenv("FLASH_EQLINEAR_SM90_STAGGER")) : 0;
   kp.M = p.M;
   kp.c = static_cast<int>(p.c);
   kp.d = static_cast<int>(p.d);
   kp.k_tiles = static_cast<int>((p.c + kBK<T> - 1) / kBK<T>);
+  kp.stagger = std::getenv("FLASH_EQLINEAR_SM90_STAGGER") ? std::atoi(std::getenv("FLASH_EQLINEAR_SM90_STAGGER")) : 0;
+  kp.stagger = std::max(0, std::min(kp.stagger, kp.k_tiles - 1));  // arrives within the first tile
   kp.num_m = static_cast<int>(num_m);
   kp.num_n = static_cast<int>(num_n);
   // Groups of 2 m tiles while the planes fit in about two thirds of L2 (H100: 50 MB): the blocks in
