@@ -110,7 +110,6 @@ struct Sm90Params {
   int c, d, k_tiles, num_m, num_n;
   int group_m;  // m tiles per group of the walk (see tile_origin)
   int num_ng;   // n groups: num_n / the cluster size, rounded up
-  int stagger;  // scratch A/B: consumer warpgroup 1 starts this many k tiles after warpgroup 0
 };
 constexpr int kXfWarps = 3;  // producer warps 1-3 write xf
 static_assert(32 * (1 + kXfWarps) == 128, "the producer warpgroup: the TMA warp and the xf writers");
@@ -175,7 +174,6 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
     mbar_arrive(empty_bar + 8 * s);
     if constexpr (kCl > 1) mbar_arrive_cluster(cluster_map(empty_bar + 8 * s, cluster_ctarank() ^ 1));
   };
-  if (p.stagger > 0 && warp >= 8) asm volatile("bar.sync 1, 256;\n" ::: "memory");
   for (int tile = blockIdx.x / kCl; tile < num_tiles; tile += gridDim.x / kCl) {
     int m0, n0;
     tile_origin<kCl>(p, tile, kCl > 1 ? static_cast<int>(cluster_ctarank()) : 0, m0, n0);
@@ -242,10 +240,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
 #pragma unroll
         for (int op = 0; op < 4; ++op) reg_fence(fa[ks ^ 1][op]);
         // At ks == 0 that previous group was k tile it-1's last: release its stage.
-        if (ks == 0 && kt > 0) {
-          if (lane == 0) release((it - 1) % kStages);
-          if (p.stagger > 0 && warp < 8 && it == static_cast<uint32_t>(p.stagger)) asm volatile("bar.arrive 1, 256;\n");
-        }
+        if (ks == 0 && kt > 0 && lane == 0) release((it - 1) % kStages);
       }
     }
     wgmma_wait<0>();
@@ -291,8 +286,6 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
       }
     }
   }
-  // arrive here if the loop never did: fewer than stagger + 1 k tiles, or only the first tile's k tile 0
-  if (p.stagger > 0 && warp < 8 && it <= static_cast<uint32_t>(p.stagger)) asm volatile("bar.arrive 1, 256;\n");
 }
 
 // Producer warps 1-3: x's Fourier planes of the k tiles that fall to this block (header), from the copy
@@ -534,8 +527,6 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.c = static_cast<int>(p.c);
   kp.d = static_cast<int>(p.d);
   kp.k_tiles = static_cast<int>((p.c + kBK<T> - 1) / kBK<T>);
-  kp.stagger = std::getenv("FLASH_EQLINEAR_SM90_STAGGER") ? std::atoi(std::getenv("FLASH_EQLINEAR_SM90_STAGGER")) : 0;
-  kp.stagger = std::max(0, std::min(kp.stagger, kp.k_tiles - 1));  // arrives within the first tile
   kp.num_m = static_cast<int>(num_m);
   kp.num_n = static_cast<int>(num_n);
   // Groups of 2 m tiles while the planes fit in about two thirds of L2 (H100: 50 MB): the blocks in
