@@ -110,7 +110,6 @@ struct Sm90Params {
   int c, d, k_tiles, num_m, num_n;
   int group_m;  // m tiles per group of the walk (see tile_origin)
   int num_ng;   // n groups: num_n / the cluster size, rounded up
-  int hints;    // scratch A/B: bit 0 planes evict_last, bit 1 y evict_first
 };
 constexpr int kXfWarps = 3;  // producer warps 1-3 write xf
 static_assert(32 * (1 + kXfWarps) == 128, "the producer warpgroup: the TMA warp and the xf writers");
@@ -254,7 +253,6 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
     if (lane == 0) release((it - 1) % kStages);  // the tile's last stage
 
     // ---- epilogue ----
-    const uint64_t ypol = policy_evict_first();
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int o = n0 + 8 * j + 2 * t;
@@ -276,10 +274,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
             const int e = 2 * r8 + i;
             inverse_dft4<T>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i], out[i][0], out[i][1]);
           }
-          if (p.hints & 2)
-            st_global_v4_hint(y + (m * p.d + o) * 4, make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]), ypol);
-          else
-            *reinterpret_cast<uint4*>(y + (m * p.d + o) * 4) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
+          *reinterpret_cast<uint4*>(y + (m * p.d + o) * 4) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
         } else {  // two 16-byte stores: channels o and o + 1
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
@@ -408,10 +403,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
           } else {
             tma_load_2d_multicast(st + rank * kXSub, &tm_x, kt * kBK<T> * 4 + rank * 2 * kBK<T>, m0, bar, 0x3);
           }
-          if (p.hints & 1)
-            tma_load_3d_hint(st + 2 * kXSub, &tm_p, kt * kBK<T>, n0, 0, bar, policy_evict_last());
-          else
-            tma_load_3d(st + 2 * kXSub, &tm_p, kt * kBK<T>, n0, 0, bar);
+          tma_load_3d(st + 2 * kXSub, &tm_p, kt * kBK<T>, n0, 0, bar);
           if (writes_xf && kt % p.num_n == n0 / kBN) {  // this block writes k tile kt's planes: a copy
             if (wi > 0) mbar_wait(xempty, (wi - 1) & 1);  // of its x tile for the writers
             mbar_arrive_expect_tx(xfull, 2 * kXSub);
@@ -531,7 +523,6 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.xf = p.xf;
   kp.xf_sums = p.xf_sums;
   kp.xf_scale = p.xf_scale;
-  kp.hints = std::getenv("FLASH_EQLINEAR_SM90_HINTS") ? std::atoi(std::getenv("FLASH_EQLINEAR_SM90_HINTS")) : 0;
   kp.M = p.M;
   kp.c = static_cast<int>(p.c);
   kp.d = static_cast<int>(p.d);

@@ -194,38 +194,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, int 
       : "memory");
 #endif
 }
-// With an L2 cache policy (createpolicy) for the loaded lines.
-__device__ __forceinline__ void tma_load_3d_hint(uint32_t dst, const void* tmap, int c0, int c1, int c2, uint32_t bar,
-                                                 uint64_t policy) {
-#ifdef FLASH_EQLINEAR_WGMMA
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
-      : "memory");
-#endif
-}
-__device__ __forceinline__ uint64_t policy_evict_last() {
-  uint64_t p = 0;
-#ifdef FLASH_EQLINEAR_WGMMA
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
-#endif
-  return p;
-}
-__device__ __forceinline__ uint64_t policy_evict_first() {
-  uint64_t p = 0;
-#ifdef FLASH_EQLINEAR_WGMMA
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-#endif
-  return p;
-}
-__device__ __forceinline__ void st_global_v4_hint(void* ptr, uint4 v, uint64_t policy) {
-#ifdef FLASH_EQLINEAR_WGMMA
-  asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(ptr), "r"(v.x), "r"(v.y),
-               "r"(v.z), "r"(v.w), "l"(policy)
-               : "memory");
-#endif
-}
 
 // ---- clusters -----------------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t cluster_ctarank() {
