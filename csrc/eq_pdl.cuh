@@ -10,7 +10,8 @@
 // an early trigger let the next launch of the narrow kernel's persistent grid pile onto the SMs that
 // freed up first, more blocks than the grid is sized for, which split its fixed work unevenly (+26% at
 // FP32 c = 32), and cost the Hopper kernel 2-4% at c = 256; launching with the attribute and waiting
-// only was never slower by more than noise and 2-7% faster for short layers.
+// only was never slower by more than noise and 1.6-7% faster for short layers. A driver that rejects
+// the attribute gets a plain launch.
 //
 // Host side: launch_maybe_pdl sets the attribute on devices of compute capability 9.0 and later unless
 // FLASH_EQLINEAR_PDL=0 (the switch to time or debug without it; read at each launch).
@@ -50,12 +51,17 @@ cudaError_t launch_maybe_pdl(cudaLaunchConfig_t cfg, cudaLaunchAttribute* attrs,
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
-  if (pdl_enabled(dev)) {
-    attrs[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
-    ++cfg.numAttrs;
-  }
   cfg.attrs = attrs;
+  if (pdl_enabled(dev)) {
+    cudaLaunchConfig_t with = cfg;
+    attrs[with.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[with.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+    ++with.numAttrs;
+    e = cudaLaunchKernelEx(&with, kernel, args...);
+    // A driver or context that rejects the attribute gets the plain launch (the launch error is not sticky).
+    if (e != cudaErrorNotSupported && e != cudaErrorInvalidValue) return e;
+    cudaGetLastError();
+  }
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
