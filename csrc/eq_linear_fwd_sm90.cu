@@ -67,6 +67,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through the runtime
 #include <cuda_runtime.h>
@@ -110,7 +111,6 @@ struct Sm90Params {
   int c, d, k_tiles, num_m, num_n;
   int group_m;  // m tiles per group of the walk (see tile_origin)
   int num_ng;   // n groups: num_n / the cluster size, rounded up
-  int biaspre;  // scratch A/B
 };
 constexpr int kXfWarps = 3;  // producer warps 1-3 write xf
 static_assert(32 * (1 + kXfWarps) == 128, "the producer warpgroup: the TMA warp and the xf writers");
@@ -179,17 +179,14 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
     int m0, n0;
     tile_origin<kCl>(p, tile, kCl > 1 ? static_cast<int>(cluster_ctarank()) : 0, m0, n0);
     // The tile's bias pairs (o, o+1) for o = n0 + 8 j + 2 t, loaded now: their latency hides behind
-    // the main loop instead of stalling the epilogue.
-    // (16-bit pairs only: float bias pairs are loaded in the epilogue, registers are tight.)
-    uint32_t bias2[8];
-    float2 biasf[8];
+    // the main loop instead of stalling the epilogue. (TF32's float2 pairs too: loaded in the epilogue
+    // they measured 2-5% slower at c = 32 .. 2048, benchmarks/README.md v13.)
+    using BiasPair = std::conditional_t<sizeof(T) == 2, uint32_t, float2>;
+    BiasPair bias2[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int o = n0 + 8 * j + 2 * t;
-      if constexpr (sizeof(T) == 2)
-        bias2[j] = (bias != nullptr && o < p.d) ? __ldg(reinterpret_cast<const unsigned int*>(bias + o)) : 0u;
-      else if (p.biaspre)
-        biasf[j] = (bias != nullptr && o < p.d) ? __ldg(reinterpret_cast<const float2*>(bias + o)) : make_float2(0.f, 0.f);
+      bias2[j] = (bias != nullptr && o < p.d) ? __ldg(reinterpret_cast<const BiasPair*>(bias + o)) : BiasPair{};
     }
     float acc[4][8][4];  // sets: 0 = a0, 1 = a2, 2 = aR, 3 = aI; [n8 block][C fragment]
 #pragma unroll
@@ -265,7 +262,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
       if constexpr (sizeof(T) == 2)
         bo2 = Elem<T>::unpack(bias2[j]);
       else
-        bo2 = p.biaspre ? biasf[j] : (bias != nullptr ? __ldg(reinterpret_cast<const float2*>(bias + o)) : make_float2(0.f, 0.f));
+        bo2 = bias2[j];
       const float bo[2] = {bo2.x, bo2.y};
 #pragma unroll
       for (int r8 = 0; r8 < 2; ++r8) {
@@ -527,7 +524,6 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.xf = p.xf;
   kp.xf_sums = p.xf_sums;
   kp.xf_scale = p.xf_scale;
-  kp.biaspre = std::getenv("FLASH_EQLINEAR_SM90_BIASPRE") ? std::atoi(std::getenv("FLASH_EQLINEAR_SM90_BIASPRE")) : 1;
   kp.M = p.M;
   kp.c = static_cast<int>(p.c);
   kp.d = static_cast<int>(p.d);
