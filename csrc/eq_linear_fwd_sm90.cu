@@ -111,7 +111,6 @@ struct Sm90Params {
   int c, d, k_tiles, num_m, num_n;
   int group_m;  // m tiles per group of the walk (see tile_origin)
   int num_ng;   // n groups: num_n / the cluster size, rounded up
-  int pair_st;  // scratch A/B
 };
 constexpr int kXfWarps = 3;  // producer warps 1-3 write xf
 static_assert(32 * (1 + kXfWarps) == 128, "the producer warpgroup: the TMA warp and the xf writers");
@@ -255,32 +254,6 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
     if (lane == 0) release((it - 1) % kStages);  // the tile's last stage
 
     // ---- epilogue ----
-    if constexpr (sizeof(T) == 4) {
-      if (p.pair_st) {
-        const bool odd = t & 1;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int o = n0 + 8 * j + 2 * t;
-          const int o1 = odd ? o - 1 : o, o2 = odd ? o + 1 : o + 2;
-          const float2 bo2 = bias2[j];
-#pragma unroll
-          for (int r8 = 0; r8 < 2; ++r8) {
-            const int64_t m = static_cast<int64_t>(m0) + row + 8 * r8;
-            const float4 v0 = inverse_dft4_f32(acc[0][j][2 * r8], acc[1][j][2 * r8], acc[2][j][2 * r8], acc[3][j][2 * r8], bo2.x);
-            const float4 v1 = inverse_dft4_f32(acc[0][j][2 * r8 + 1], acc[1][j][2 * r8 + 1], acc[2][j][2 * r8 + 1],
-                                               acc[3][j][2 * r8 + 1], bo2.y);
-            const float4 send = odd ? v0 : v1;
-            const float4 recv = make_float4(__shfl_xor_sync(0xffffffffu, send.x, 1), __shfl_xor_sync(0xffffffffu, send.y, 1),
-                                            __shfl_xor_sync(0xffffffffu, send.z, 1), __shfl_xor_sync(0xffffffffu, send.w, 1));
-            if (m >= p.M) continue;
-            float4* const yr = reinterpret_cast<float4*>(y + m * p.d * 4);
-            if (o1 < p.d) yr[o1] = odd ? recv : v0;
-            if (o2 < p.d) yr[o2] = odd ? v1 : recv;
-          }
-        }
-        continue;
-      }
-    }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int o = n0 + 8 * j + 2 * t;
@@ -551,7 +524,6 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.xf = p.xf;
   kp.xf_sums = p.xf_sums;
   kp.xf_scale = p.xf_scale;
-  kp.pair_st = std::getenv("FLASH_EQLINEAR_SM90_PAIRST") ? std::atoi(std::getenv("FLASH_EQLINEAR_SM90_PAIRST")) : 0;
   kp.M = p.M;
   kp.c = static_cast<int>(p.c);
   kp.d = static_cast<int>(p.d);
