@@ -27,25 +27,31 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return ((y.double() - ref).norm() / ref.norm()).item()
 
 
+def layer(M, c, d, dtype=torch.float32, bias=True):
+    """A layer's input x (M, 4c), planes (4, d, c) scaled to unit-variance outputs and bias (d,) or None."""
+    x = torch.randn(M, 4 * c, device="cuda", dtype=dtype)
+    planes = (torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5).to(dtype)
+    b = torch.randn(d, device="cuda", dtype=dtype) if bias else None
+    return x, planes, b
+
+
+def fp64_forward(x, planes, b):
+    """The reference forward in float64."""
+    return reference.fourier_eq_linear(x.double(), planes.double(), None if b is None else b.double(), 4)
+
+
 for dtype in (torch.float32, torch.float16, torch.bfloat16) if "fwd" in DIRECTIONS else ():
     for M, c, d in SHAPES:
         for bias in (True, False):
-            x = torch.randn(M, 4 * c, device="cuda", dtype=dtype)
-            planes = (torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5).to(dtype)
-            b = torch.randn(d, device="cuda", dtype=dtype) if bias else None
+            x, planes, b = layer(M, c, d, dtype, bias)
             y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
-            b64 = None if b is None else b.double()
-            ref = reference.fourier_eq_linear(x.double(), planes.double(), b64, 4)
-            err = rel_err(y, ref)
+            err = rel_err(y, fp64_forward(x, planes, b))
             assert err < TOL[dtype], (dtype, M, c, d, err)
 # FP32 with TF32 allowed: group DFT, cuBLAS GEMMs, inverse DFT + bias.
 torch.backends.cuda.matmul.allow_tf32 = "fwd" in DIRECTIONS
 for M, c, d in SHAPES if "fwd" in DIRECTIONS else ():
-    x = torch.randn(M, 4 * c, device="cuda")
-    planes = torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5
-    b = torch.randn(d, device="cuda")
-    ref = reference.fourier_eq_linear(x.double(), planes.double(), b.double(), 4)
-    err = rel_err(torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b), ref)
+    x, planes, b = layer(M, c, d)
+    err = rel_err(torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b), fp64_forward(x, planes, b))
     assert err < 5e-3, ("tf32", M, c, d, err)
 torch.backends.cuda.matmul.allow_tf32 = False
 # Exact FP32 narrow tiles for c or d in 33 .. 64 (taken when forced), vector and element paths.
@@ -54,17 +60,15 @@ for M, c, d in [(1000, 64, 64), (257, 48, 59), (4097, 33, 64), (129, 64, 20)] if
     for xi in (x.clone(), x):
         planes = torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5
         b = torch.randn(d, device="cuda")
-        ref = reference.fourier_eq_linear(xi.double(), planes.double(), b.double(), 4)
+        ref = fp64_forward(xi, planes, b)
         with env_switch("FLASH_EQLINEAR_NARROW", "1"):
             y = torch.ops.flash_eqlinear.eq_linear_fwd(xi, planes, b)
         assert rel_err(y, ref) < 1e-5, ("narrow fp32", M, c, d)
 # Each exact-FP32 tile forced, more tiles than blocks in flight and a single k tile (c = 3).
 for tile in ("big", "small", "small4") if "tiles" in DIRECTIONS else ():
     for M, c, d in [(5000, 40, 200), (3001, 3, 48), (129, 64, 64), (7, 200, 33)]:
-        x = torch.randn(M, 4 * c, device="cuda")
-        planes = torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5
-        b = torch.randn(d, device="cuda")
-        ref = reference.fourier_eq_linear(x.double(), planes.double(), b.double(), 4)
+        x, planes, b = layer(M, c, d)
+        ref = fp64_forward(x, planes, b)
         with env_switch("FLASH_EQLINEAR_NARROW", "0"), env_switch("FLASH_EQLINEAR_FP32_TILE", tile):
             y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
         assert rel_err(y, ref) < 1e-5, ("tile", tile, M, c, d)
@@ -96,14 +100,12 @@ GEMM_SHAPES = [
 ]
 for dtype in (torch.float16, torch.bfloat16) if "gemm" in DIRECTIONS else ():
     for M, c, d in GEMM_SHAPES:
-        x = torch.randn(M, 4 * c, device="cuda", dtype=dtype)
+        x, planes, b = layer(M, c, d, dtype)
         gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
-        planes = (torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5).to(dtype)
-        b = torch.randn(d, device="cuda", dtype=dtype)
         with env_switch("FLASH_EQLINEAR_PRODUCTS", "gemm"), env_switch("FLASH_EQLINEAR_NARROW", "0"):
             y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
             gx, gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd(gy, x, planes, True, True, True, True)
-        yref = reference.fourier_eq_linear(x.double(), planes.double(), b.double(), 4)
+        yref = fp64_forward(x, planes, b)
         assert rel_err(y, yref) < TOL[dtype], ("fwd gemm", dtype, M, c, d)
         want = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double())
         for got, ref in zip((gx, gp, gb), want, strict=True):
@@ -122,10 +124,8 @@ HOPPER_SHAPES = [(300, 64, 64), (129, 40, 66), (1100, 96, 136), (6000, 64, 136)]
 torch.backends.cuda.matmul.allow_tf32 = "hopper" in DIRECTIONS
 for dtype in (torch.float16, torch.bfloat16, torch.float32) if "hopper" in DIRECTIONS else ():
     for M, c, d in HOPPER_SHAPES:
-        x = torch.randn(M, 4 * c, device="cuda", dtype=dtype)
-        planes = (torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5).to(dtype)
-        b = torch.randn(d, device="cuda", dtype=dtype)
-        yref = reference.fourier_eq_linear(x.double(), planes.double(), b.double(), 4)
+        x, planes, b = layer(M, c, d, dtype)
+        yref = fp64_forward(x, planes, b)
         tol = 5e-3 if dtype == torch.float32 else TOL[dtype]
         y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
         assert rel_err(y, yref) < tol, ("hopper", dtype, M, c, d)
