@@ -6,29 +6,42 @@
 // tile is staged into shared memory and the inverse DFT + bias in registers before the store, so
 // x and y are read / written in their interleaved layout with no extra pass over memory.
 //
+// The big and small tiles (NP = 5 planes per stage) take the complex term as three real products
+// (Gauss): k1 += (fR + fI) PR, k2 += fR (PI - PR), k3 += fI (PR + PI), then aR = k1 - k3 and
+// aI = k1 + k2: 5 FFMA per (m, o, k) instead of 6, for a fifth operand plane on each side
+// (s = fR + fI made by the x transform, PI - PR and PR + PI by the threads that stage PR and PI)
+// and a fifth accumulator set. It is still FP32 arithmetic throughout; the rounding error measured
+// the same as the four-product form's (H100, M = 32768, C = D = 4c, rel. L2 vs float64: 7.07e-7
+// against 7.06e-7 at c = 2048) and 8-9% less time where the FFMAs set the pace (c >= 512: big
+// tile 9.16 / 35.47 ms against 9.96 / 38.94 at c = 1024 / 2048). The four-block small4 tile keeps
+// four products: at 128 registers the fifth set costs more than it saves (c = 128: 195.8 against
+// 185.4 us).
+//
 // Tiling (TileCfg): a block computes BM rows x BN output channels with WM x WN warps of 4 x 8
 // lanes; a lane owns TM rows x TN channels as float4 groups (rows r0 + 16q + 0..3, channels
 // n0 + 32q + 0..3), i.e. 4 * TM * TN accumulators.
-//   big:   4 x 2 warps, 8 x 4 per lane -> 128 x 64 tile, 256 threads, 128 accumulators/lane,
-//          12 LDS.128 per 192 FFMA, one block (8 warps) per SM.
+//   big:   4 x 2 warps, 8 x 4 per lane -> 128 x 64 tile, 256 threads, 160 accumulators/lane,
+//          15 LDS.128 per 160 FFMA, one block (8 warps) per SM.
 //   small: 4 x 1 warps, 4 x 4 per lane ->  64 x 32 tile, 128 threads, three blocks per SM: for
 //          grids that would fill the GPU poorly with the big tile (small M, small d).
-//   small4: the small tile at four blocks per SM (<= 128 registers), for short K (c <= 512), where
-//          the blocks hide each other's fill, k-tile barriers and epilogue (H100, M = 32768,
-//          C = D = 4c: 0.060 / 0.182 / 0.658 / 2.52 ms against the big tile's 0.073 / 0.210 /
-//          0.714 / 2.63 ms at c = 64 / 128 / 256 / 512).
+//   small4: the small tile at four blocks per SM (<= 128 registers) with four products, for short
+//          K (c <= 256), where the blocks hide each other's fill, k-tile barriers and epilogue
+//          (H100, M = 32768, C = D = 4c: 59.4 / 185.4 / 667.7 us at c = 64 / 128 / 256 against
+//          64.8 / 196.4 / 681.1 for the small tile with four products; at c = 512 the big tile
+//          with five, 2.41 ms, beats it, 2.50).
 // Blocks walk the (M tile, d tile) grid in groups of kGroupM M tiles for L2 reuse.
 //
 // Shared memory (dynamic), two stages, k-major so that a k step reads rows / channels as float4:
-//   As[2][4][BK][BM + 4]  f0, fR, fI, f2 of the x tile        (As[s][g][k][m])
-//   Bs[2][4][BK][BN + 4]  P0, PR, PI, P2 of the plane tile    (Bs[s][g][k][o])
+//   As[2][NP][BK][BM + 4]  f0, fR, fI, f2 (, fR + fI) of the x tile          (As[s][g][k][m])
+//   Bs[2][NP][BK][BN + 4]  P0, PR, PI, P2, or P0, PR, PI - PR, P2, PR + PI   (Bs[s][g][k][o])
 //   raw[slots][threads]   float4 landing slots of cp.async, private to each thread
 // The +4 padding makes the transposed scalar stores conflict-free (the 8 k of a row land 4 banks
 // apart, the two float4 halves of a plane row 16 banks apart) and keeps float4 reads aligned.
 //
 // Pipeline per k tile: issue cp.async of tile k+1 into raw; FFMAs on stage k (fragments double
-// buffered in registers); wait for the own copies, transform x, store both operands transposed
-// into the other stage; one __syncthreads.
+// buffered in registers with four products; with five there are no registers left for that);
+// wait for the own copies, transform x, store both operands transposed into the other stage; one
+// __syncthreads.
 //
 // Ragged edges: rows >= M and channels >= d are clamped to the last valid one when loading (their
 // accumulators are garbage but never stored); input channels >= c are zero-filled in both
@@ -49,7 +62,7 @@
 namespace flash_eqlinear {
 namespace {
 
-template <int WM_, int WN_, int TM_, int TN_, int BK_, int kMinBlocks_>
+template <int WM_, int WN_, int TM_, int TN_, int BK_, int kMinBlocks_, int NP_ = 4>
 struct TileCfg {
   static constexpr int WM = WM_, WN = WN_;  // warps along rows, along output channels
   static constexpr int TM = TM_, TN = TN_;  // per-lane micro-tile
@@ -60,8 +73,11 @@ struct TileCfg {
   static constexpr int BN = WN * 8 * TN;
   static constexpr int SA = BM + 4;
   static constexpr int SB = BN + 4;
-  static constexpr int kAStage = 4 * BK * SA;  // floats
-  static constexpr int kBStage = 4 * BK * SB;
+  // Operand planes per stage: 4, or 5 with the three-product complex term (kGauss below).
+  static constexpr int NP = NP_;
+  static constexpr bool kGauss = NP == 5;
+  static constexpr int kAStage = NP * BK * SA;  // floats
+  static constexpr int kBStage = NP * BK * SB;
   // Staging maps, per k tile. KH = BK / 8 halves of 8 channels.
   // x: thread t copies the float4 x[row][k0 + t % 8 + 8h] for rows t / 8 + i * XRS (i < XL):
   //    8 lanes cover 128 contiguous bytes of a row.
@@ -82,13 +98,13 @@ struct TileCfg {
   static_assert(BK % 8 == 0, "k tile is a whole number of 8-channel halves");
   static_assert(BM % XRS == 0, "x staging map");
   static_assert(kThreads % (2 * BN) == 0 && 4 % GSTEP == 0, "plane staging map");
+  static_assert(NP == 4 || (NP == 5 && GSTEP == 2), "kGauss: a thread stages the plane pair (P0, P2) or (PR, PI)");
 };
 
-using BigCfg = TileCfg<4, 2, 8, 4, 8, 1>;    // 128 x 64, ~225 registers: one block per SM
-using SmallCfg = TileCfg<4, 1, 4, 4, 8, 3>;  //  64 x 32, ~140 registers: three blocks per SM
-// The small tile capped at 128 registers (no spills): four blocks = 16 warps per SM. Short K is
-// latency-bound, so the extra warps win there (H100, c = 64 / 128 / 512: 14% / 6% / 1.5% faster
-// than three blocks) and lose at long K (c = 1024: 3% slower).
+using BigCfg = TileCfg<4, 2, 8, 4, 8, 1, 5>;    // 128 x 64, 255 registers: one block per SM
+using SmallCfg = TileCfg<4, 1, 4, 4, 8, 3, 5>;  //  64 x 32, ~160 registers: three blocks per SM
+// The small tile with four products, capped at 128 registers (no spills): four blocks = 16 warps per
+// SM. Short K is latency-bound, so the extra warps win there.
 using Small4Cfg = TileCfg<4, 1, 4, 4, 8, 4>;
 
 // M tiles processed together (across all d tiles) so that x rows and plane slices of the blocks
@@ -161,7 +177,8 @@ eq_linear_fwd_fp32_kernel(const float* __restrict__ x, const float* __restrict__
     const int64_t o = min(n0 + pol, d - 1);
     pp = planes + (int64_t(pg0) * d + o) * c + pkq;
   }
-  const int64_t gstride = int64_t(GSTEP) * d * c;  // between the PL planes a thread loads
+  // Between the PL planes a thread loads; kGauss: (P0, P2) for pg0 = 0, (PR, PI) for pg0 = 1.
+  const int64_t gstride = (Cfg::kGauss ? int64_t(3 - 2 * pg0) : int64_t(GSTEP)) * d * c;
 
   // Raw tile staging (cp.async): slot s of thread t is raw[s * kThreads + t]; x float4 (i, h)
   // in slot i * KH + h, plane float4 (i, h) in slot (XL + i) * KH + h. Each thread reads back only
@@ -212,16 +229,39 @@ eq_linear_fwd_fp32_kernel(const float* __restrict__ x, const float* __restrict__
       for (int i = 0; i < XL; ++i) {
         const float4 v = raw[(i * KH + h) * Cfg::kThreads];
         float* const a = A + 8 * h * SA + i * XRS;
-        dft4<false>(v.x, v.y, v.z, v.w, a[0 * BK * SA], a[1 * BK * SA], a[2 * BK * SA], a[3 * BK * SA]);
+        float f0, fr, fi, f2;
+        dft4<false>(v.x, v.y, v.z, v.w, f0, fr, fi, f2);
+        a[0 * BK * SA] = f0;
+        a[1 * BK * SA] = fr;
+        a[2 * BK * SA] = fi;
+        a[3 * BK * SA] = f2;
+        if constexpr (Cfg::kGauss) a[4 * BK * SA] = fr + fi;
       }
-      #pragma unroll
-      for (int i = 0; i < PL; ++i) {
-        const float4 v = raw[((XL + i) * KH + h) * Cfg::kThreads];
-        float* const b = B + i * GSTEP * BK * SB + 8 * h * SB;
-        b[0 * SB] = v.x;
-        b[1 * SB] = v.y;
-        b[2 * SB] = v.z;
-        b[3 * SB] = v.w;
+      if constexpr (Cfg::kGauss) {
+        const float4 u = raw[(XL * KH + h) * Cfg::kThreads], w = raw[((XL + 1) * KH + h) * Cfg::kThreads];
+        const float uv[4] = {u.x, u.y, u.z, u.w}, wv[4] = {w.x, w.y, w.z, w.w};
+        float* const b = Bs + buf * Cfg::kBStage + pkq * SB + pol + 8 * h * SB;
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (pg0 == 0) {  // u = P0, w = P2
+            b[e * SB] = uv[e];
+            b[3 * BK * SB + e * SB] = wv[e];
+          } else {  // u = PR, w = PI
+            b[1 * BK * SB + e * SB] = uv[e];
+            b[2 * BK * SB + e * SB] = wv[e] - uv[e];
+            b[4 * BK * SB + e * SB] = uv[e] + wv[e];
+          }
+        }
+      } else {
+        #pragma unroll
+        for (int i = 0; i < PL; ++i) {
+          const float4 v = raw[((XL + i) * KH + h) * Cfg::kThreads];
+          float* const b = B + i * GSTEP * BK * SB + 8 * h * SB;
+          b[0 * SB] = v.x;
+          b[1 * SB] = v.y;
+          b[2 * SB] = v.z;
+          b[3 * SB] = v.w;
+        }
       }
     }
   };
@@ -237,11 +277,16 @@ eq_linear_fwd_fp32_kernel(const float* __restrict__ x, const float* __restrict__
   const int a_off = (warp % Cfg::WM) * (4 * TM) + lr * 4;  // first row of the lane
   const int b_off = (warp / Cfg::WM) * (8 * TN) + lc * 4;  // first channel of the lane
 
-  float acc0[TM][TN], acc2[TM][TN], accR[TM][TN], accI[TM][TN];
+  // kGauss: accR, accI, accK hold k1 = sum (fR + fI) PR, k2 = sum fR (PI - PR), k3 = sum fI (PR + PI);
+  // aR = k1 - k3, aI = k1 + k2 (5 FFMA per (row, channel, k) instead of 6).
+  float acc0[TM][TN], acc2[TM][TN], accR[TM][TN], accI[TM][TN], accK[Cfg::kGauss ? TM : 1][Cfg::kGauss ? TN : 1];
   #pragma unroll
   for (int i = 0; i < TM; ++i) {
     #pragma unroll
-    for (int j = 0; j < TN; ++j) acc0[i][j] = acc2[i][j] = accR[i][j] = accI[i][j] = 0.f;
+    for (int j = 0; j < TN; ++j) {
+      acc0[i][j] = acc2[i][j] = accR[i][j] = accI[i][j] = 0.f;
+      if constexpr (Cfg::kGauss) accK[i][j] = 0.f;
+    }
   }
 
   const int KT = (c + BK - 1) / BK;
@@ -288,6 +333,31 @@ eq_linear_fwd_fp32_kernel(const float* __restrict__ x, const float* __restrict__
         for (int i = 0; i < TM; ++i) acc[i][j] = fmaf(sign * aa[i], bb[j], acc[i][j]);
       }
     };
+    if constexpr (Cfg::kGauss) {
+      // Five operand planes per k, single-buffered (the fifth accumulator set takes the registers).
+      #pragma unroll
+      for (int k = 0; k < BK; ++k) {
+        float ga[5][TM], gb[5][TN];
+        #pragma unroll
+        for (int g = 0; g < 5; ++g) {
+          #pragma unroll
+          for (int q = 0; q < TM / 4; ++q) {
+            const float4 v = *reinterpret_cast<const float4*>(A + (g * BK + k) * SA + q * 16);
+            ga[g][4 * q + 0] = v.x; ga[g][4 * q + 1] = v.y; ga[g][4 * q + 2] = v.z; ga[g][4 * q + 3] = v.w;
+          }
+          #pragma unroll
+          for (int q = 0; q < TN / 4; ++q) {
+            const float4 v = *reinterpret_cast<const float4*>(B + (g * BK + k) * SB + q * 32);
+            gb[g][4 * q + 0] = v.x; gb[g][4 * q + 1] = v.y; gb[g][4 * q + 2] = v.z; gb[g][4 * q + 3] = v.w;
+          }
+        }
+        outer(acc0, ga[0], gb[0], 1.f);  // a0 += f0 P0
+        outer(accR, ga[4], gb[1], 1.f);  // k1 += (fR + fI) PR
+        outer(accI, ga[1], gb[2], 1.f);  // k2 += fR (PI - PR)
+        outer(accK, ga[2], gb[4], 1.f);  // k3 += fI (PR + PI)
+        outer(acc2, ga[3], gb[3], 1.f);  // a2 += f2 P2
+      }
+    } else {
     load_frag(0, 0);
     #pragma unroll
     for (int k = 0; k < BK; ++k) {
@@ -299,6 +369,7 @@ eq_linear_fwd_fp32_kernel(const float* __restrict__ x, const float* __restrict__
       outer(accR, a[s][2], b[s][2], -1.f);  // aR -= fI PI
       outer(accI, a[s][2], b[s][1], 1.f);   // aI += fI PR
       outer(acc2, a[s][3], b[s][3], 1.f);   // a2 += f2 P2
+    }
     }
 
     if (more) {
@@ -325,7 +396,12 @@ eq_linear_fwd_fp32_kernel(const float* __restrict__ x, const float* __restrict__
     for (int j = 0; j < TN; ++j) {
       const int o = n0 + b_off + (j / 4) * 32 + j % 4;
       if (o >= d) continue;
-      const float4 out = inverse_dft4_f32(acc0[i][j], acc2[i][j], accR[i][j], accI[i][j], bv[j]);
+      float ar = accR[i][j], ai = accI[i][j];
+      if constexpr (Cfg::kGauss) {
+        ai = accR[i][j] + accI[i][j];
+        ar = accR[i][j] - accK[i][j];
+      }
+      const float4 out = inverse_dft4_f32(acc0[i][j], acc2[i][j], ar, ai, bv[j]);
       float* const dst = yrow + int64_t(o) * 4;
       if (kVecX) {
         *reinterpret_cast<float4*>(dst) = out;
@@ -398,7 +474,7 @@ double cost(int64_t M, int64_t d, int sms, int occ, double rel_speed) {
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
 
 // Input channels up to which the four-block small tile runs whatever the grid.
-constexpr int64_t kSmallMaxC = 512;
+constexpr int64_t kSmallMaxC = 256;
 
 // FLASH_EQLINEAR_FP32_TILE=big|small|small4 forces a tile configuration (to test and time each); 0 when
 // unset: the shape rule decides.
@@ -436,7 +512,7 @@ cudaError_t eq_linear_fwd_fp32(const FwdParams& p, cudaStream_t stream) {
   }
   // The big tile does ~1.25x the work per SM-cycle of the small one at long K (more FFMA per
   // shared load, more ILP); the small tile wins when the big grid fills the GPU poorly or d is
-  // small; at short K the four-block small tile beats both (measured up to c = 512, see above).
+  // small; at short K the four-block small tile beats both (measured up to c = 256, see above).
   if (p.c <= kSmallMaxC) return dispatch_vec<Small4Cfg>(p, vec_x, vec_p, stream);
   const double big = cost<BigCfg>(p.M, p.d, sms, blocks_per_sm<BigCfg>(dev), 1.0);
   const double small = cost<SmallCfg>(p.M, p.d, sms, blocks_per_sm<SmallCfg>(dev), 0.8);

@@ -223,11 +223,12 @@ def test_fp32_dispatch_of_the_wide_narrow_tiles(c, d, narrow, monkeypatch):
     assert any("narrow" in n for n in names) == bool(narrow), names
 
 
-# FP32 tile configurations of eq_linear_fwd_fp32.cu: TileCfg's template arguments.
+# FP32 tile configurations of eq_linear_fwd_fp32.cu: TileCfg's template arguments (the last: operand
+# planes, 5 where the complex term takes three products).
 FP32_TILES = {
-    "big": (4, 2, 8, 4, 8, 1),
-    "small": (4, 1, 4, 4, 8, 3),
-    "small4": (4, 1, 4, 4, 8, 4),
+    "big": (4, 2, 8, 4, 8, 1, 5),
+    "small": (4, 1, 4, 4, 8, 3, 5),
+    "small4": (4, 1, 4, 4, 8, 4, 4),
 }
 
 
@@ -254,9 +255,33 @@ def test_fp32_tile_configs(M, c, d, tile, monkeypatch):
     assert torch.equal(torch.ops.flash_eqlinear.eq_linear_fwd(x_off, planes, b), y)
 
 
-@pytest.mark.parametrize("c, tile", [(64, "small4"), (512, "small4"), (1024, "big")])
+@pytest.mark.parametrize("tile", ["big", "small"])
+def test_fp32_three_product_error(tile, monkeypatch):
+    # The big and small tiles take the complex term as three products: k1 = (fR + fI) PR,
+    # k2 = fR (PI - PR), k3 = fI (PR + PI), aR = k1 - k3, aI = k1 + k2. Their rounding error is that
+    # of larger partial sums where aR cancels (fR PR = fI PI): x with fR = fI and planes with PI = PR
+    # make aR ~ 0 from k1 ~ k3 ~ 2 fI PR. The error must stay within 3x of the four-product small4
+    # tile's on the same inputs, and under the FP32 bar, there and on plain random data.
+    monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
+    M, c, d = 2048, 256, 96
+    x, planes, b = make(M, c, d, torch.float32, seed=7)
+    xq = x.view(M, c, 4).clone()
+    xq[..., 3] = xq[..., 0] - xq[..., 2] + xq[..., 1]  # fI = x3 - x1 = x0 - x2 = fR
+    adversarial = planes.clone()
+    adversarial[2] = adversarial[1] * (1 + 1e-3 * torch.randn_like(adversarial[1]))  # PI ~ PR
+    adversarial[0] = adversarial[3] = 0  # y from the complex term alone
+    for xx, pp in ((x, planes), (xq.view(M, 4 * c), adversarial)):
+        ref = fp64_reference(xx, pp, b)[0]
+        errs = {}
+        for t in (tile, "small4"):
+            monkeypatch.setenv("FLASH_EQLINEAR_FP32_TILE", t)
+            errs[t] = rel_l2(torch.ops.flash_eqlinear.eq_linear_fwd(xx, pp, b), ref)
+        assert errs[tile] < 1e-5 and errs[tile] <= 3 * errs["small4"] + 1e-8, errs
+
+
+@pytest.mark.parametrize("c, tile", [(64, "small4"), (256, "small4"), (512, "big"), (1024, "big")])
 def test_fp32_tile_by_k(c, tile, monkeypatch):
-    # Default rule with a full grid: the four-block small tile up to c = 512, the big one for longer K.
+    # Default rule with a full grid: the four-block small tile up to c = 256, the big one for longer K.
     monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
     monkeypatch.delenv("FLASH_EQLINEAR_FP32_TILE", raising=False)
     x, planes, b = make(32768, c, c, torch.float32)
