@@ -2,16 +2,20 @@
 // for the math.
 //
 // GEMM view: the output tile is BD output channels o x BC input channels ci, the reduction (k)
-// runs over rows m. One loop carries four operand pairs and four accumulators, with A = the DFT of
-// grad_y (g0, gR, gI, g2) and B = the DFT of x (f0, fR, fI, f2):
-//   acc0 += g0 f0   accR += gR fR + gI fI   accI += gI fR - gR fI   acc2 += g2 f2
-// (6 FFMA per (m, o, ci)). Both operands are contiguous along channels for a fixed row, so a k tile
-// of BK rows is loaded as one float4 (the 4 group copies) per (row, channel) and staged into shared
-// memory as [4][BK][BD] and [4][BK][BC] with the DFT applied on the way: m is already the outer
-// index, so nothing is transposed and consecutive lanes store consecutive floats (no padding).
+// runs over rows m, with the DFT of grad_y (g0, gR, gI, g2) and of x (f0, fR, fI, f2):
+//   P0 = sum g0 f0   PR = sum gR fR + gI fI   PI = sum gI fR - gR fI   P2 = sum g2 f2.
+// The complex pair (g times conj f) is taken as three real products (Gauss), k1 = sum (gR + gI) fR,
+// k2 = -sum gR (fR + fI), k3 = sum gI (fR - fI), PR = k1 - k3, PI = k1 + k2: 5 FFMA per (m, o, ci)
+// instead of 6, for five operand planes per side, A = (g0, gR, gI, g2, gR + gI) and
+// B = (f0, fR, -(fR + fI), f2, fR - fI), and five accumulator sets (H100, M = 32768, c = d = 512 /
+// 1024 / 2048: 7.3% / 7.8% / 7.3% less time than the four-product form, relative error the same to
+// two digits). Both operands are contiguous along channels for a fixed row, so a k tile of BK rows
+// is loaded as one float4 (the 4 group copies) per (row, channel) and staged into shared memory as
+// [5][BK][BD] and [5][BK][BC] with the DFT applied on the way: m is already the outer index, so
+// nothing is transposed and consecutive lanes store consecutive floats (no padding).
 //
 // Tiling (TileCfg): WM x WN warps of 4 x 8 lanes; a lane owns TM output channels x TN input
-// channels as float4 groups (o = o0 + 16q + 0..3, ci = c0 + 32q + 0..3), 4 * TM * TN accumulators.
+// channels as float4 groups (o = o0 + 16q + 0..3, ci = c0 + 32q + 0..3), 5 * TM * TN accumulators.
 //   big:   4 x 2 warps, 8 x 4 per lane -> 128 x 64 tile, 256 threads, one block per SM.
 //   small: 4 x 1 warps, 4 x 4 per lane ->  64 x 32 tile, 128 threads, for small c or d.
 // Staging maps: thread t loads grad_y channel o0 + t % BD for rows t / BD + i * (kThreads / BD)
@@ -20,8 +24,8 @@
 // which lets it sum g0 for grad_bias on the side (one FADD per grad_y float4).
 //
 // Pipeline per k tile, as in the forward: cp.async of tile k+1 into per-thread landing slots;
-// FFMAs on stage k (fragments double buffered in registers); wait for the own copies, transform,
-// store into the other stage; one __syncthreads.
+// FFMAs on stage k; wait for the own copies, transform, store into the other stage; one
+// __syncthreads.
 //
 // Split over M (gridDim.z = S chunks of chunk_rows rows, a multiple of BK): d x c tiles alone do
 // not fill the GPU for moderate sizes (c = d = 512: 32 tiles of 128 x 64 for 132 SMs). Block z
@@ -56,8 +60,8 @@ struct TileCfg {
   static constexpr int kThreads = 32 * WM * WN;
   static constexpr int BD = WM * 4 * TM;  // output channels per tile
   static constexpr int BC = WN * 8 * TN;  // input channels per tile
-  static constexpr int kAStage = 4 * BK * BD;  // floats
-  static constexpr int kBStage = 4 * BK * BC;
+  static constexpr int kAStage = 5 * BK * BD;  // floats: five operand planes per stage
+  static constexpr int kBStage = 5 * BK * BC;
   // Staging maps (see the file comment): GRS / XRS rows per pass, GL / XL float4 per thread.
   static constexpr int GRS = kThreads / BD;
   static constexpr int GL = BK / GRS;
@@ -117,8 +121,8 @@ eq_linear_bwd_weight_fp32_kernel(const float* __restrict__ x, const float* __res
   constexpr int GRS = Cfg::GRS, GL = Cfg::GL, XRS = Cfg::XRS, XL = Cfg::XL;
 
   extern __shared__ float4 smem4[];  // float4: 16-byte alignment for the vector reads
-  float* const As = reinterpret_cast<float*>(smem4);  // [2][4][BK][BD]  g0, gR, gI, g2
-  float* const Bs = As + 2 * Cfg::kAStage;             // [2][4][BK][BC]  f0, fR, fI, f2
+  float* const As = reinterpret_cast<float*>(smem4);  // [2][5][BK][BD]  g0, gR, gI, g2, gR + gI
+  float* const Bs = As + 2 * Cfg::kAStage;             // [2][5][BK][BC]  f0, fR, -(fR + fI), f2, fR - fI
   float* const red = Bs + 2 * Cfg::kBStage;            // [kThreads]      grad_bias combine
 
   const int o0 = int(blockIdx.x) * BD;
@@ -189,18 +193,20 @@ eq_linear_bwd_weight_fp32_kernel(const float* __restrict__ x, const float* __res
       a[1 * BK * BD] = gr;
       a[2 * BK * BD] = gi;
       a[3 * BK * BD] = g2;
+      a[4 * BK * BD] = gr + gi;
       bsum += g0;
     }
     float* const B = Bs + buf * Cfg::kBStage + xk * BC + xc;
     #pragma unroll
     for (int i = 0; i < XL; ++i) {
       const float4 v = raw[(GL + i) * Cfg::kThreads];
-      const float s02 = v.x + v.z, s13 = v.y + v.w;
+      const float s02 = v.x + v.z, s13 = v.y + v.w, fr = v.x - v.z, fi = v.w - v.y;
       float* const b = B + i * XRS * BC;
       b[0 * BK * BC] = s02 + s13;  // f0
-      b[1 * BK * BC] = v.x - v.z;  // fR
-      b[2 * BK * BC] = v.w - v.y;  // fI
+      b[1 * BK * BC] = fr;
+      b[2 * BK * BC] = -(fr + fi);
       b[3 * BK * BC] = s02 - s13;  // f2
+      b[4 * BK * BC] = fr - fi;
     }
   };
 
@@ -212,11 +218,13 @@ eq_linear_bwd_weight_fp32_kernel(const float* __restrict__ x, const float* __res
   const int a_off = (warp % Cfg::WM) * (4 * TM) + lr * 4;  // first output channel of the lane
   const int b_off = (warp / Cfg::WM) * (8 * TN) + lc * 4;  // first input channel of the lane
 
-  float acc0[TM][TN], acc2[TM][TN], accR[TM][TN], accI[TM][TN];
+  // accR, accI, accK hold k1 = sum (gR + gI) fR, k2 = -sum gR (fR + fI), k3 = sum gI (fR - fI); the
+  // real part is k1 - k3, the imaginary part k1 + k2 (see the file comment).
+  float acc0[TM][TN], acc2[TM][TN], accR[TM][TN], accI[TM][TN], accK[TM][TN];
   #pragma unroll
   for (int i = 0; i < TM; ++i) {
     #pragma unroll
-    for (int j = 0; j < TN; ++j) acc0[i][j] = acc2[i][j] = accR[i][j] = accI[i][j] = 0.f;
+    for (int j = 0; j < TN; ++j) acc0[i][j] = acc2[i][j] = accR[i][j] = accI[i][j] = accK[i][j] = 0.f;
   }
 
   const int KT = int((me - mb + BK - 1) / BK);  // >= 1: the host never makes an empty chunk
@@ -230,48 +238,43 @@ eq_linear_bwd_weight_fp32_kernel(const float* __restrict__ x, const float* __res
 
     const float* const A = As + (kt & 1) * Cfg::kAStage + a_off;
     const float* const B = Bs + (kt & 1) * Cfg::kBStage + b_off;
-    // Fragments [slot][g][.], g = 0..3 for the 0, R, I, 2 components; explicitly double buffered.
-    float a[2][4][TM], b[2][4][TN];
-    auto load_frag = [&](int slot, int k) {
+    // acc += aa bb^T for one k.
+    auto outer = [&](float (&acc)[TM][TN], const float (&aa)[TM], const float (&bb)[TN]) {
       #pragma unroll
-      for (int g = 0; g < 4; ++g) {
+      for (int j = 0; j < TN; ++j) {
+        #pragma unroll
+        for (int i = 0; i < TM; ++i) acc[i][j] = fmaf(aa[i], bb[j], acc[i][j]);
+      }
+    };
+    // Five operand planes per k (0, 2, the three complex combinations), fragments single-buffered:
+    // the fifth accumulator set takes the registers that double buffering would need.
+    #pragma unroll
+    for (int k = 0; k < BK; ++k) {
+      float a[5][TM], b[5][TN];
+      #pragma unroll
+      for (int g = 0; g < 5; ++g) {
         #pragma unroll
         for (int q = 0; q < TM / 4; ++q) {
           const float4 v = *reinterpret_cast<const float4*>(A + (g * BK + k) * BD + q * 16);
-          a[slot][g][4 * q + 0] = v.x;
-          a[slot][g][4 * q + 1] = v.y;
-          a[slot][g][4 * q + 2] = v.z;
-          a[slot][g][4 * q + 3] = v.w;
+          a[g][4 * q + 0] = v.x;
+          a[g][4 * q + 1] = v.y;
+          a[g][4 * q + 2] = v.z;
+          a[g][4 * q + 3] = v.w;
         }
         #pragma unroll
         for (int q = 0; q < TN / 4; ++q) {
           const float4 v = *reinterpret_cast<const float4*>(B + (g * BK + k) * BC + q * 32);
-          b[slot][g][4 * q + 0] = v.x;
-          b[slot][g][4 * q + 1] = v.y;
-          b[slot][g][4 * q + 2] = v.z;
-          b[slot][g][4 * q + 3] = v.w;
+          b[g][4 * q + 0] = v.x;
+          b[g][4 * q + 1] = v.y;
+          b[g][4 * q + 2] = v.z;
+          b[g][4 * q + 3] = v.w;
         }
       }
-    };
-    // acc += sign * aa bb^T for one k; the sign becomes an FFMA operand negation.
-    auto outer = [&](float (&acc)[TM][TN], const float (&aa)[TM], const float (&bb)[TN], float sign) {
-      #pragma unroll
-      for (int j = 0; j < TN; ++j) {
-        #pragma unroll
-        for (int i = 0; i < TM; ++i) acc[i][j] = fmaf(sign * aa[i], bb[j], acc[i][j]);
-      }
-    };
-    load_frag(0, 0);
-    #pragma unroll
-    for (int k = 0; k < BK; ++k) {
-      const int s = k & 1;
-      if (k + 1 < BK) load_frag(s ^ 1, k + 1);
-      outer(acc0, a[s][0], b[s][0], 1.f);   // acc0 += g0 f0
-      outer(accR, a[s][1], b[s][1], 1.f);   // accR += gR fR
-      outer(accI, a[s][2], b[s][1], 1.f);   // accI += gI fR
-      outer(accR, a[s][2], b[s][2], 1.f);   // accR += gI fI
-      outer(accI, a[s][1], b[s][2], -1.f);  // accI -= gR fI
-      outer(acc2, a[s][3], b[s][3], 1.f);   // acc2 += g2 f2
+      outer(acc0, a[0], b[0]);  // acc0 += g0 f0
+      outer(accR, a[4], b[1]);  // k1 += (gR + gI) fR
+      outer(accI, a[1], b[2]);  // k2 -= gR (fR + fI)
+      outer(accK, a[2], b[4]);  // k3 += gI (fR - fI)
+      outer(acc2, a[3], b[3]);  // acc2 += g2 f2
     }
 
     if (more) {
@@ -279,6 +282,16 @@ eq_linear_bwd_weight_fp32_kernel(const float* __restrict__ x, const float* __res
       // landing slots were last read back before that barrier too.
       stage_tile((kt + 1) & 1);
       __syncthreads();
+    }
+  }
+
+  #pragma unroll
+  for (int i = 0; i < TM; ++i) {
+    #pragma unroll
+    for (int j = 0; j < TN; ++j) {
+      const float k1 = accR[i][j];
+      accR[i][j] = k1 - accK[i][j];
+      accI[i][j] = k1 + accI[i][j];
     }
   }
 
