@@ -19,7 +19,7 @@
 //
 // Tiling (TileCfg): a block computes BM rows x BN output channels with WM x WN warps of 4 x 8
 // lanes; a lane owns TM rows x TN channels as float4 groups (rows r0 + 16q + 0..3, channels
-// n0 + 32q + 0..3), i.e. 4 * TM * TN accumulators.
+// n0 + 32q + 0..3), i.e. NP * TM * TN accumulators (NP = 4 or 5 planes, below).
 //   big:   4 x 2 warps, 8 x 4 per lane -> 128 x 64 tile, 256 threads, 160 accumulators/lane,
 //          15 LDS.128 per 160 FFMA, one block (8 warps) per SM.
 //   small: 4 x 1 warps, 4 x 4 per lane ->  64 x 32 tile, 128 threads, three blocks per SM: for
@@ -300,29 +300,25 @@ eq_linear_fwd_fp32_kernel(const float* __restrict__ x, const float* __restrict__
 
     const float* const A = As + (kt & 1) * Cfg::kAStage + a_off;
     const float* const B = Bs + (kt & 1) * Cfg::kBStage + b_off;
-    // Fragments [slot][g][.] with g = 0..3 for f0/P0, fR/PR, fI/PI, f2/P2. Explicit double
-    // buffering (step k + 1 is read while step k is multiplied) hides the LDS latency with only
-    // two warps per scheduler; it measured ~5% faster than leaving the schedule to the compiler.
-    float a[2][4][TM], b[2][4][TN];
-    auto load_frag = [&](int slot, int k) {
+    // Plane g of step k: the lane's TM rows of A, TN channels of B.
+    auto frag_a = [&](float (&dst)[TM], int g, int k) {
       #pragma unroll
-      for (int g = 0; g < 4; ++g) {
-        #pragma unroll
-        for (int q = 0; q < TM / 4; ++q) {
-          const float4 v = *reinterpret_cast<const float4*>(A + (g * BK + k) * SA + q * 16);
-          a[slot][g][4 * q + 0] = v.x;
-          a[slot][g][4 * q + 1] = v.y;
-          a[slot][g][4 * q + 2] = v.z;
-          a[slot][g][4 * q + 3] = v.w;
-        }
-        #pragma unroll
-        for (int q = 0; q < TN / 4; ++q) {
-          const float4 v = *reinterpret_cast<const float4*>(B + (g * BK + k) * SB + q * 32);
-          b[slot][g][4 * q + 0] = v.x;
-          b[slot][g][4 * q + 1] = v.y;
-          b[slot][g][4 * q + 2] = v.z;
-          b[slot][g][4 * q + 3] = v.w;
-        }
+      for (int q = 0; q < TM / 4; ++q) {
+        const float4 v = *reinterpret_cast<const float4*>(A + (g * BK + k) * SA + q * 16);
+        dst[4 * q + 0] = v.x;
+        dst[4 * q + 1] = v.y;
+        dst[4 * q + 2] = v.z;
+        dst[4 * q + 3] = v.w;
+      }
+    };
+    auto frag_b = [&](float (&dst)[TN], int g, int k) {
+      #pragma unroll
+      for (int q = 0; q < TN / 4; ++q) {
+        const float4 v = *reinterpret_cast<const float4*>(B + (g * BK + k) * SB + q * 32);
+        dst[4 * q + 0] = v.x;
+        dst[4 * q + 1] = v.y;
+        dst[4 * q + 2] = v.z;
+        dst[4 * q + 3] = v.w;
       }
     };
     // acc += sign * aa bb^T for one k; the sign becomes an FFMA operand negation.
@@ -334,42 +330,45 @@ eq_linear_fwd_fp32_kernel(const float* __restrict__ x, const float* __restrict__
       }
     };
     if constexpr (Cfg::kGauss) {
-      // Five operand planes per k, single-buffered (the fifth accumulator set takes the registers).
+      // Five planes per k, single-buffered (the fifth accumulator set takes the registers).
       #pragma unroll
       for (int k = 0; k < BK; ++k) {
-        float ga[5][TM], gb[5][TN];
+        float a[5][TM], b[5][TN];
         #pragma unroll
         for (int g = 0; g < 5; ++g) {
-          #pragma unroll
-          for (int q = 0; q < TM / 4; ++q) {
-            const float4 v = *reinterpret_cast<const float4*>(A + (g * BK + k) * SA + q * 16);
-            ga[g][4 * q + 0] = v.x; ga[g][4 * q + 1] = v.y; ga[g][4 * q + 2] = v.z; ga[g][4 * q + 3] = v.w;
-          }
-          #pragma unroll
-          for (int q = 0; q < TN / 4; ++q) {
-            const float4 v = *reinterpret_cast<const float4*>(B + (g * BK + k) * SB + q * 32);
-            gb[g][4 * q + 0] = v.x; gb[g][4 * q + 1] = v.y; gb[g][4 * q + 2] = v.z; gb[g][4 * q + 3] = v.w;
-          }
+          frag_a(a[g], g, k);
+          frag_b(b[g], g, k);
         }
-        outer(acc0, ga[0], gb[0], 1.f);  // a0 += f0 P0
-        outer(accR, ga[4], gb[1], 1.f);  // k1 += (fR + fI) PR
-        outer(accI, ga[1], gb[2], 1.f);  // k2 += fR (PI - PR)
-        outer(accK, ga[2], gb[4], 1.f);  // k3 += fI (PR + PI)
-        outer(acc2, ga[3], gb[3], 1.f);  // a2 += f2 P2
+        outer(acc0, a[0], b[0], 1.f);  // a0 += f0 P0
+        outer(accR, a[4], b[1], 1.f);  // k1 += (fR + fI) PR
+        outer(accI, a[1], b[2], 1.f);  // k2 += fR (PI - PR)
+        outer(accK, a[2], b[4], 1.f);  // k3 += fI (PR + PI)
+        outer(acc2, a[3], b[3], 1.f);  // a2 += f2 P2
       }
     } else {
-    load_frag(0, 0);
-    #pragma unroll
-    for (int k = 0; k < BK; ++k) {
-      const int s = k & 1;
-      if (k + 1 < BK) load_frag(s ^ 1, k + 1);
-      outer(acc0, a[s][0], b[s][0], 1.f);   // a0 += f0 P0
-      outer(accR, a[s][1], b[s][1], 1.f);   // aR += fR PR
-      outer(accI, a[s][1], b[s][2], 1.f);   // aI += fR PI
-      outer(accR, a[s][2], b[s][2], -1.f);  // aR -= fI PI
-      outer(accI, a[s][2], b[s][1], 1.f);   // aI += fI PR
-      outer(acc2, a[s][3], b[s][3], 1.f);   // a2 += f2 P2
-    }
+      // Fragments [slot][g][.] with g = 0..3 for f0/P0, fR/PR, fI/PI, f2/P2. Explicit double
+      // buffering (step k + 1 is read while step k is multiplied) hides the LDS latency with only
+      // two warps per scheduler; it measured ~5% faster than leaving the schedule to the compiler.
+      float a[2][4][TM], b[2][4][TN];
+      auto load_frag = [&](int slot, int k) {
+        #pragma unroll
+        for (int g = 0; g < 4; ++g) {
+          frag_a(a[slot][g], g, k);
+          frag_b(b[slot][g], g, k);
+        }
+      };
+      load_frag(0, 0);
+      #pragma unroll
+      for (int k = 0; k < BK; ++k) {
+        const int s = k & 1;
+        if (k + 1 < BK) load_frag(s ^ 1, k + 1);
+        outer(acc0, a[s][0], b[s][0], 1.f);   // a0 += f0 P0
+        outer(accR, a[s][1], b[s][1], 1.f);   // aR += fR PR
+        outer(accI, a[s][1], b[s][2], 1.f);   // aI += fR PI
+        outer(accR, a[s][2], b[s][2], -1.f);  // aR -= fI PI
+        outer(accI, a[s][2], b[s][1], 1.f);   // aI += fI PR
+        outer(acc2, a[s][3], b[s][3], 1.f);   // a2 += f2 P2
+      }
     }
 
     if (more) {
