@@ -81,9 +81,11 @@ constexpr int kRowsInFlight = 2;
 template <class T, int kC, bool kInput>
 __global__ void __launch_bounds__(256) group_dft_kernel(const T* __restrict__ src, T* __restrict__ dst,
                                                         int64_t M, int64_t gpr, int W, int64_t rows_per_chunk,
-                                                        bool blocks, bool halve, float* __restrict__ sums) {
+                                                        bool blocks, bool halve, bool gauss,
+                                                        float* __restrict__ sums) {
   constexpr float kH = 0.70710678118654752f;
-  constexpr int kPlanes = 4, kU = kRowsInFlight;
+  constexpr int kU = kRowsInFlight;
+  const int kPlanes = gauss ? 5 : 4;  // gauss: blocks, input = false only (the host checks)
   constexpr int kW = kC * int(sizeof(T));  // 32-bit words of one thread's kC quads (4 elements each)
   const int R = 256 / W, lane = threadIdx.x % W, row_off = threadIdx.x / W;
   const int64_t cg = int64_t(blockIdx.x) * W + lane;
@@ -104,7 +106,7 @@ __global__ void __launch_bounds__(256) group_dft_kernel(const T* __restrict__ sr
     for (int u = 0; u < kU; ++u) {
       const int64_t r = r0 + u * R;
       if (r >= r_end) break;
-      uint32_t out[kPlanes][kC];
+      uint32_t out[5][kC];
 #pragma unroll
       for (int j = 0; j < kC; ++j) {
         float f0, fr, fi, f2;
@@ -116,6 +118,12 @@ __global__ void __launch_bounds__(256) group_dft_kernel(const T* __restrict__ sr
           out[1][j] = elem_bits<T>(0.5f * f2);
           out[2][j] = elem_bits<T>(kH * fr);
           out[3][j] = elem_bits<T>(kH * fi);
+        } else if (gauss) {  // [g0, g2, gR + gI, gR, gI]
+          out[0][j] = elem_bits<T>(hs * f0);
+          out[1][j] = elem_bits<T>(hs * f2);
+          out[2][j] = elem_bits<T>(hs * (fr + fi));
+          out[3][j] = elem_bits<T>(hs * fr);
+          out[4][j] = elem_bits<T>(hs * fi);
         } else {  // [g0, g2, gR, gI]
           out[0][j] = elem_bits<T>(hs * f0);
           out[1][j] = elem_bits<T>(hs * f2);
@@ -124,7 +132,8 @@ __global__ void __launch_bounds__(256) group_dft_kernel(const T* __restrict__ sr
         }
       }
 #pragma unroll
-      for (int pl = 0; pl < kPlanes; ++pl) store_elems<T, kC>(dst + pl * plane + r * row_stride + cg * kC, out[pl]);
+      for (int pl = 0; pl < 5; ++pl)
+        if (pl < kPlanes) store_elems<T, kC>(dst + pl * plane + r * row_stride + cg * kC, out[pl]);
     }
   }
   if (sums == nullptr) return;  // uniform across the grid
@@ -183,10 +192,10 @@ void launch_kc(const GroupDftParams& p, const Grid& g, cudaStream_t stream) {
   const int64_t gpr = p.n / kC;
   if (p.input)
     group_dft_kernel<T, kC, true><<<grid, 256, 0, stream>>>(src, dst, p.M, gpr, g.W, g.rows_per_chunk, p.blocks,
-                                                            p.halve, p.sums);
+                                                            p.halve, false, p.sums);
   else
     group_dft_kernel<T, kC, false><<<grid, 256, 0, stream>>>(src, dst, p.M, gpr, g.W, g.rows_per_chunk, p.blocks,
-                                                             p.halve, p.sums);
+                                                             p.halve, p.gauss, p.sums);
 }
 
 template <class T>
@@ -222,26 +231,39 @@ __global__ void __launch_bounds__(256) group_idft_kernel(GroupIdftParams p, int6
   float b[kC];
 #pragma unroll
   for (int j = 0; j < kC; ++j) b[j] = bias != nullptr ? to_float(bias[o0 + j]) : 0.f;
-  const bool halved = p.halved;
+  const bool halved = p.halved, gauss = p.gauss;
   const auto idft = [halved](float a0, float a2, float ar, float ai, float bo) {
     return halved ? inverse_dft4_f32<true>(a0, a2, ar, ai, bo) : inverse_dft4_f32<false>(a0, a2, ar, ai, bo);
   };
+  const int blocks = gauss ? 5 : 4;
   const int64_t r_end = p.M < (int64_t(blockIdx.y) + 1) * rows_per_chunk ? p.M : (int64_t(blockIdx.y) + 1) * rows_per_chunk;
   for (int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk + row_off; r0 < r_end; r0 += kU * R) {
-    float v[kU][4][kC];
+    float v[kU][5][kC];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {  // all loads first
       const int64_t r = r0 + u * R;
       if (r >= r_end) break;
       const float* row = p.a + r * p.lda + o0;
 #pragma unroll
-      for (int g = 0; g < 4; ++g) {
+      for (int g = 0; g < 5; ++g) {
+        if (g >= blocks) break;
         if constexpr (kC == 2) {
           const float2 t = __ldg(reinterpret_cast<const float2*>(row + g * d));
           v[u][g][0] = t.x;
           v[u][g][1] = t.y;
         } else {
           v[u][g][0] = __ldg(row + g * d);
+        }
+      }
+    }
+    if (gauss) {  // [a0, a2, k1, k2, k3] -> [a0, a2, aR = k1 - k3, aI = k1 + k2]
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+#pragma unroll
+        for (int j = 0; j < kC; ++j) {
+          const float k1 = v[u][2][j];
+          v[u][2][j] = k1 - v[u][4][j];
+          v[u][3][j] = k1 + v[u][3][j];
         }
       }
     }
@@ -325,7 +347,7 @@ cudaError_t eq_group_dft_split_fp32(const float* x, float* dst, int64_t M, int64
 }
 
 cudaError_t eq_group_idft(const GroupIdftParams& p, int elem_bytes, bool bf16, cudaStream_t stream) {
-  if (p.M < 0 || p.d < 1 || p.lda < 4 * p.d) return cudaErrorInvalidValue;
+  if (p.M < 0 || p.d < 1 || p.lda < (p.gauss ? 5 : 4) * p.d) return cudaErrorInvalidValue;
   if (p.M == 0) return cudaSuccess;
   if (p.a == nullptr || p.y == nullptr || reinterpret_cast<uintptr_t>(p.y) % 16 != 0) return cudaErrorInvalidValue;
   if (elem_bytes == 4) return launch_idft<float>(p, stream);
@@ -339,7 +361,7 @@ int64_t eq_group_dft_sum_chunks(const GroupDftParams& p, int elem_bytes) {
 }
 
 cudaError_t eq_group_dft(const GroupDftParams& p, int elem_bytes, bool bf16, cudaStream_t stream) {
-  if (p.M < 0 || p.n < 1) return cudaErrorInvalidValue;
+  if (p.M < 0 || p.n < 1 || (p.gauss && (p.input || !p.blocks))) return cudaErrorInvalidValue;
   if (p.src == nullptr || p.dst == nullptr) return p.M == 0 ? cudaSuccess : cudaErrorInvalidValue;
   if (p.M == 0 && p.sums == nullptr) return cudaSuccess;
   if (elem_bytes == 4) return launch<float>(p, stream);

@@ -62,11 +62,12 @@ at::Tensor complex_block(const at::Tensor& p) {
 // y (M, d, 4) = inverse DFT of a (M, 4d) FP32 column blocks [a0 | a2 | aR | aI] + bias, in y's dtype
 // (halved: a holds half the products, eq_group_dft.h): the last pass of the GEMM-form forwards (TF32,
 // 3xTF32, fp16 / bf16) and of the GEMM-form grad_x; `what` names the caller.
+// With gauss: a (M, 5d) = [a0 | a2 | k1 | k2 | k3], the complex pair as three products (eq_group_dft.h).
 void inverse_dft_into(const at::Tensor& a, const at::Tensor& bias, at::Tensor& y, const char* what,
-                      bool halved = false) {
-  const int64_t M = a.size(0), d = a.size(1) / 4;
-  GroupIdftParams ip{a.data_ptr<float>(), bias.defined() ? bias.data_ptr() : nullptr, y.data_ptr(), M, d, 4 * d,
-                     halved};
+                      bool halved = false, bool gauss = false) {
+  const int64_t M = a.size(0), d = a.size(1) / (gauss ? 5 : 4);
+  GroupIdftParams ip{a.data_ptr<float>(), bias.defined() ? bias.data_ptr() : nullptr, y.data_ptr(), M, d, a.size(1),
+                     halved, gauss};
   const cudaError_t err = eq_group_idft(ip, static_cast<int>(y.element_size()), y.scalar_type() == at::kBFloat16,
                                         at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, what, ": inverse DFT failed: ", cudaGetErrorString(err));
@@ -105,17 +106,44 @@ void fourier_products_into(const at::Tensor& f, const at::Tensor& planes, const 
   inverse_dft_into(a, bias, y, what, !adjoint);
 }
 
+// The forward's plane products with the complex pair as three real products (Gauss), for FP32 operands
+// (TF32 GEMMs): f (M, 5k) = [f0 | f2 | s | fR | fI] / 2 with s = fR + fI (group_dft with gauss), planes
+// (4, d, c); k1 = s PR^T, k2 = fR (PI - PR)^T, k3 = fI (PR + PI)^T as one strided-batched GEMM (the
+// three A blocks and the three outputs are k / n apart) into a (M, 5d) = [a0 | a2 | k1 | k2 | k3], then
+// the inverse DFT with aR = k1 - k3, aI = k1 + k2. 5/16 of the dense MACs instead of 6/16 for one more
+// x-sized block written and read (H100, M = 32768, c = d = 1024 / 2048: see benchmarks/README.md, v14).
+void fourier_products_gauss_into(const at::Tensor& f, const at::Tensor& planes, const at::Tensor& bias,
+                                 at::Tensor& y, const char* what) {
+  const int64_t M = f.size(0), n = planes.size(1), k = planes.size(2);
+  at::Tensor a = at::empty({M, 5 * n}, f.options());
+  const at::Tensor p03 =
+      planes.as_strided({2, n, k}, {3 * planes.stride(0), planes.stride(1), 1});
+  at::Tensor a02 = a.as_strided({2, M, n}, {n, 5 * n, 1});
+  at::bmm_out(a02, f.as_strided({2, M, k}, {k, 5 * k, 1}), p03.transpose(-2, -1));
+  const at::Tensor pr = planes.select(0, 1), pi = planes.select(0, 2);
+  at::Tensor w = at::empty({3, n, k}, planes.options());  // [PR, PI - PR, PR + PI]
+  at::Tensor w1 = w.select(0, 1), w2 = w.select(0, 2);
+  w.select(0, 0).copy_(pr);
+  at::sub_out(w1, pi, pr);
+  at::add_out(w2, pr, pi);
+  at::Tensor a3 = a.as_strided({3, M, n}, {n, 5 * n, 1}, a.storage_offset() + 2 * n);
+  at::bmm_out(a3, f.as_strided({3, M, k}, {k, 5 * k, 1}, f.storage_offset() + 2 * k), w.transpose(-2, -1));
+  inverse_dft_into(a, bias, y, what, true, true);
+}
+
 // Group DFT of t (M, 4n) (contiguous, aligned to 4 elements) into Fourier planes, layouts in
-// eq_group_dft.h: column blocks (M, 4n) with `blocks`, else planes (4, M, n). With sum, also the
-// FP32 column sums of the unrounded f0 per chunk of rows, (chunks, n), to be summed over the chunks in
-// order; else an empty (0,). `what` names the caller in errors; halve: eq_group_dft.h.
+// eq_group_dft.h: column blocks (M, 4n) with `blocks` (with gauss (M, 5n), the fifth block fR + fI),
+// else planes (4, M, n). With sum, also the FP32 column sums of the unrounded f0 per chunk of rows,
+// (chunks, n), to be summed over the chunks in order; else an empty (0,). `what` names the caller in
+// errors; halve: eq_group_dft.h.
 std::tuple<at::Tensor, at::Tensor> group_dft(const at::Tensor& t, bool input, bool blocks, bool sum,
-                                             const char* what, bool halve = false) {
+                                             const char* what, bool halve = false, bool gauss = false) {
   const int64_t M = t.size(0), n = t.size(1) / 4;
-  at::Tensor out = blocks ? at::empty({M, 4 * n}, t.options()) : at::empty({4, M, n}, t.options());
+  at::Tensor out = blocks ? at::empty({M, (gauss ? 5 : 4) * n}, t.options()) : at::empty({4, M, n}, t.options());
   const auto f32 = t.options().dtype(at::kFloat);
   if (M == 0) return {out, sum ? at::zeros({1, n}, f32) : at::empty({0}, f32)};
   GroupDftParams p{t.data_ptr(), out.data_ptr(), M, n, input, blocks, halve};
+  p.gauss = gauss;
   const int elem = static_cast<int>(t.element_size());
   at::Tensor sums;
   if (sum) {
@@ -137,10 +165,15 @@ std::tuple<at::Tensor, at::Tensor> group_dft(const at::Tensor& t, bool input, bo
 // (other GPUs, FLASH_EQLINEAR_SM90=0, shapes) or is slower (large layers): two extra passes over x-sized
 // and y-sized FP32 buffers (a workspace of 4 M (c + d) floats) buy cuBLAS's TF32 rate for the 6/16 of
 // the dense MACs; and for fp16 / bf16 as products_form says. `what` names the caller in errors.
+// With gauss (FP32 only, the inference forward: the planes are not kept), the complex pair as three
+// products (fourier_products_gauss_into) and x's planes with a fifth block, (M, 5c).
 at::Tensor fwd_gemm_form(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
-                         const char* what) {
-  at::Tensor xf = std::get<0>(group_dft(aligned16(x), false, true, false, what, true));
-  fourier_products_into(xf, planes, bias, y, what);
+                         const char* what, bool gauss = false) {
+  at::Tensor xf = std::get<0>(group_dft(aligned16(x), false, true, false, what, true, gauss));
+  if (gauss)
+    fourier_products_gauss_into(xf, planes, bias, y, what);
+  else
+    fourier_products_into(xf, planes, bias, y, what);
   return xf;
 }
 
@@ -328,7 +361,9 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
     if (c * d < kFusedTf32MaxCD) err = eq_linear_fwd_sm90_tf32(p, stream, &launched);
     TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: TF32 kernel launch failed (M=", num(M), ", c=", num(c),
                 ", d=", num(d), "): ", cudaGetErrorString(err));
-    if (!launched) fwd_gemm_form(xc, pc, b, y, "eq_linear_fwd (tf32)");
+    // The three-product complex pair where the GEMMs dominate (c d >= kFusedTf32MaxCD: on Hopper, where
+    // this form runs; elsewhere the same threshold).
+    if (!launched) fwd_gemm_form(xc, pc, b, y, "eq_linear_fwd (tf32)", c * d >= kFusedTf32MaxCD);
     return y;
   }
   const ProductsForm form = products_form();
