@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(256) group_dft_kernel(const T* __restrict__ sr
         } else if (gauss) {  // [g0, g2, gR + gI, gR, gI]
           out[0][j] = elem_bits<T>(hs * f0);
           out[1][j] = elem_bits<T>(hs * f2);
-          out[2][j] = elem_bits<T>(hs * (fr + fi));
+          out[2][j] = elem_bits<T>(0.5f * hs * (fr + fi));
           out[3][j] = elem_bits<T>(hs * fr);
           out[4][j] = elem_bits<T>(hs * fi);
         } else {  // [g0, g2, gR, gI]
@@ -256,14 +256,14 @@ __global__ void __launch_bounds__(256) group_idft_kernel(GroupIdftParams p, int6
         }
       }
     }
-    if (gauss) {  // [a0, a2, k1, k2, k3] -> [a0, a2, aR = k1 - k3, aI = k1 + k2]
+    if (gauss) {  // [a0, a2, k1, k2, k3] -> [a0, a2, aR = 2 (k1 - k3), aI = 2 (k1 + k2)]
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
 #pragma unroll
         for (int j = 0; j < kC; ++j) {
           const float k1 = v[u][2][j];
-          v[u][2][j] = k1 - v[u][4][j];
-          v[u][3][j] = k1 + v[u][3][j];
+          v[u][2][j] = 2.f * (k1 - v[u][4][j]);
+          v[u][3][j] = 2.f * (k1 + v[u][3][j]);
         }
       }
     }

@@ -28,9 +28,10 @@ struct GroupDftParams {
   bool input;              // true: the x layout (scaled); false: the grad_y layout
   bool blocks = false;     // false: planes (4, M, n); true: column blocks (M, 4n), row m = [plane 0 | ...]
   bool halve = false;      // input = false only: all four planes halved
-  bool gauss = false;      // blocks, input = false only: a fifth block s = fR + fI (same scale), placed
-                           // third: dst (M, 5n) = [f0 | f2 | s | fR | fI] (the forward's three-product
-                           // complex term: eq_linear_bindings.cpp, fourier_products_into)
+  bool gauss = false;      // blocks, input = false only: a fifth block s = fR + fI at half the others'
+                           // scale, placed third: dst (M, 5n) = [f0 | f2 | s/2 | fR | fI] (x scale) (the
+                           // forward's three-product complex term: eq_linear_bindings.cpp,
+                           // fourier_products_gauss_into)
   float* sums = nullptr;   // optional (sum_chunks, n) FP32: row-chunk partial column sums of f0 (the
                            // unrounded x0+x1+x2+x3; for grad_y: grad_bias = sums summed over chunks)
   int64_t sum_chunks = 0;  // rows of `sums`: eq_group_dft_sum_chunks(p, elem_bytes), first rows written
@@ -60,8 +61,8 @@ cudaError_t eq_group_dft_split_fp32(const float* x, float* dst, int64_t M, int64
 //   aI = fR PI^T + fI PR^T; with `halved`, a holds half of those products (from halved input planes):
 //   y0 = a0 + a2 + sqrt2 aR etc. FP32 arithmetic, one rounding per output. y and bias have the element
 //   type (elem_bytes 4: float; 2: bf16 ? __nv_bfloat16 : __half); y must be 16-byte aligned.
-//   With `gauss`: a (M, 5d) = [a0 | a2 | k1 | k2 | k3] (lda >= 5d), the complex pair as three products,
-//   aR = k1 - k3 and aI = k1 + k2.
+//   With `gauss`: a (M, 5d) = [a0 | a2 | k1 | k2 | k3] (lda >= 5d), the complex pair as three products
+//   at a quarter scale, aR = 2 (k1 - k3) and aI = 2 (k1 + k2).
 struct GroupIdftParams {
   const float* a;
   const void* bias;  // nullptr: none

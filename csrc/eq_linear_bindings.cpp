@@ -106,28 +106,36 @@ void fourier_products_into(const at::Tensor& f, const at::Tensor& planes, const 
   inverse_dft_into(a, bias, y, what, !adjoint);
 }
 
-// The forward's plane products with the complex pair as three real products (Gauss), for FP32 operands
-// (TF32 GEMMs): f (M, 5k) = [f0 | f2 | s | fR | fI] / 2 with s = fR + fI (group_dft with gauss), planes
-// (4, d, c); k1 = s PR^T, k2 = fR (PI - PR)^T, k3 = fI (PR + PI)^T as one strided-batched GEMM (the
-// three A blocks and the three outputs are k / n apart) into a (M, 5d) = [a0 | a2 | k1 | k2 | k3], then
-// the inverse DFT with aR = k1 - k3, aI = k1 + k2. 5/16 of the dense MACs instead of 6/16 for one more
-// x-sized block written and read (H100, M = 32768, c = d = 1024 / 2048: see benchmarks/README.md, v14).
+// The forward's plane products with the complex pair as three real products (Gauss): f (M, 5k) =
+// [f0/2 | f2/2 | s/4 | fR/2 | fI/2] with s = fR + fI (group_dft with gauss), planes (4, d, c);
+// k1 = (s/4) PR^T, k2 = (fR/2) ((PI - PR)/2)^T, k3 = (fI/2) ((PR + PI)/2)^T as one strided-batched GEMM
+// (the three A blocks and the three outputs are k / n apart) into a (M, 5d) FP32 =
+// [a0 | a2 | k1 | k2 | k3], then the inverse DFT with aR = 2 (k1 - k3), aI = 2 (k1 + k2) (halved
+// convention). The quarter and halves keep every 16-bit operand within the range of x and of the
+// planes (exact power-of-two scalings). 5/16 of the dense MACs instead of 6/16 for one more x-sized
+// block written and read (H100, M = 32768: benchmarks/README.md, v14).
 void fourier_products_gauss_into(const at::Tensor& f, const at::Tensor& planes, const at::Tensor& bias,
                                  at::Tensor& y, const char* what) {
   const int64_t M = f.size(0), n = planes.size(1), k = planes.size(2);
-  at::Tensor a = at::empty({M, 5 * n}, f.options());
-  const at::Tensor p03 =
-      planes.as_strided({2, n, k}, {3 * planes.stride(0), planes.stride(1), 1});
+  at::Tensor a = at::empty({M, 5 * n}, f.options().dtype(at::kFloat));
+  const at::Tensor p03 = planes.as_strided({2, n, k}, {3 * planes.stride(0), planes.stride(1), 1});
   at::Tensor a02 = a.as_strided({2, M, n}, {n, 5 * n, 1});
-  at::bmm_out(a02, f.as_strided({2, M, k}, {k, 5 * k, 1}), p03.transpose(-2, -1));
+  at::Tensor a3 = a.as_strided({3, M, n}, {n, 5 * n, 1}, a.storage_offset() + 2 * n);
+  const at::Tensor f02 = f.as_strided({2, M, k}, {k, 5 * k, 1});
+  const at::Tensor f3 = f.as_strided({3, M, k}, {k, 5 * k, 1}, f.storage_offset() + 2 * k);
   const at::Tensor pr = planes.select(0, 1), pi = planes.select(0, 2);
-  at::Tensor w = at::empty({3, n, k}, planes.options());  // [PR, PI - PR, PR + PI]
+  at::Tensor w = at::empty({3, n, k}, planes.options());  // [PR, (PI - PR) / 2, (PR + PI) / 2]
   at::Tensor w1 = w.select(0, 1), w2 = w.select(0, 2);
   w.select(0, 0).copy_(pr);
-  at::sub_out(w1, pi, pr);
-  at::add_out(w2, pr, pi);
-  at::Tensor a3 = a.as_strided({3, M, n}, {n, 5 * n, 1}, a.storage_offset() + 2 * n);
-  at::bmm_out(a3, f.as_strided({3, M, k}, {k, 5 * k, 1}, f.storage_offset() + 2 * k), w.transpose(-2, -1));
+  at::sub_out(w1, pi, pr).mul_(0.5);
+  at::add_out(w2, pr, pi).mul_(0.5);
+  if (f.scalar_type() == at::kFloat) {
+    at::bmm_out(a02, f02, p03.transpose(-2, -1));
+    at::bmm_out(a3, f3, w.transpose(-2, -1));
+  } else {  // 16-bit operands, FP32 products
+    at::bmm_out(a02, f02, p03.transpose(-2, -1), at::kFloat);
+    at::bmm_out(a3, f3, w.transpose(-2, -1), at::kFloat);
+  }
   inverse_dft_into(a, bias, y, what, true, true);
 }
 
@@ -165,8 +173,8 @@ std::tuple<at::Tensor, at::Tensor> group_dft(const at::Tensor& t, bool input, bo
 // (other GPUs, FLASH_EQLINEAR_SM90=0, shapes) or is slower (large layers): two extra passes over x-sized
 // and y-sized FP32 buffers (a workspace of 4 M (c + d) floats) buy cuBLAS's TF32 rate for the 6/16 of
 // the dense MACs; and for fp16 / bf16 as products_form says. `what` names the caller in errors.
-// With gauss (FP32 only, the inference forward: the planes are not kept), the complex pair as three
-// products (fourier_products_gauss_into) and x's planes with a fifth block, (M, 5c).
+// With gauss (the inference forward: the planes are not kept), the complex pair as three products
+// (fourier_products_gauss_into) and x's planes with a fifth block, (M, 5c).
 at::Tensor fwd_gemm_form(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
                          const char* what, bool gauss = false) {
   at::Tensor xf = std::get<0>(group_dft(aligned16(x), false, true, false, what, true, gauss));
@@ -370,7 +378,7 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
   const bool gemm_form = form == ProductsForm::kGemm || (form == ProductsForm::kAuto && c * d >= kGemmFwdMinCD);
   if (dtype != at::kFloat && gemm_form) {
     if (form == ProductsForm::kAuto && hopper_kernels_may_run(x) && fwd_sm90_16bit(xc, pc, b, y)) return y;
-    fwd_gemm_form(xc, pc, b, y, "eq_linear_fwd");  // products_form
+    fwd_gemm_form(xc, pc, b, y, "eq_linear_fwd", true);  // products_form; the complex pair as three products
     return y;
   }
   switch (dtype) {
