@@ -196,6 +196,14 @@ at::Tensor fwd_gemm_form(const at::Tensor& x, const at::Tensor& planes, const at
 // at c = 512 / 1024 / 2048; as grad_x the DFT is shared with the weight gradient, and at c = 2048 the
 // whole backward is 2-5% faster with the GEMM form than with the Hopper kernel (7% slower at c = 1024).
 constexpr int64_t kGemmFwdMinCD = int64_t(1) << 18;
+// Weights per plane from which the inference forward's GEMM form takes the complex pair as three
+// products (fourier_products_gauss_into): a sixth fewer MACs for one more x-sized block written and
+// read, which pays where the GEMMs dominate. H100, M = 32768, c = d, against four products: TF32
+// 1.84 / 5.44 ms against 1.92 / 6.30 at c = 1024 / 2048; fp16 (FLASH_EQLINEAR_SM90=0) 0.51 / 1.15 /
+// 3.21 ms against 0.45 / 1.13 / 3.53 at c = 512 / 1024 / 2048 (bf16 alike). GPUs with less compute
+// per byte of memory bandwidth than the H100 would gain from smaller sizes on; not measured.
+constexpr int64_t kGaussMinCDTf32 = int64_t(1) << 20;
+constexpr int64_t kGaussMinCD16 = int64_t(1) << 22;
 constexpr int64_t kGemmGradXMinCD = int64_t(1) << 22;
 enum class ProductsForm { kAuto, kFused, kGemm };
 ProductsForm products_form() {
@@ -369,16 +377,14 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
     if (c * d < kFusedTf32MaxCD) err = eq_linear_fwd_sm90_tf32(p, stream, &launched);
     TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: TF32 kernel launch failed (M=", num(M), ", c=", num(c),
                 ", d=", num(d), "): ", cudaGetErrorString(err));
-    // The three-product complex pair where the GEMMs dominate (c d >= kFusedTf32MaxCD: on Hopper, where
-    // this form runs; elsewhere the same threshold).
-    if (!launched) fwd_gemm_form(xc, pc, b, y, "eq_linear_fwd (tf32)", c * d >= kFusedTf32MaxCD);
+    if (!launched) fwd_gemm_form(xc, pc, b, y, "eq_linear_fwd (tf32)", c * d >= kGaussMinCDTf32);
     return y;
   }
   const ProductsForm form = products_form();
   const bool gemm_form = form == ProductsForm::kGemm || (form == ProductsForm::kAuto && c * d >= kGemmFwdMinCD);
   if (dtype != at::kFloat && gemm_form) {
     if (form == ProductsForm::kAuto && hopper_kernels_may_run(x) && fwd_sm90_16bit(xc, pc, b, y)) return y;
-    fwd_gemm_form(xc, pc, b, y, "eq_linear_fwd", true);  // products_form; the complex pair as three products
+    fwd_gemm_form(xc, pc, b, y, "eq_linear_fwd", c * d >= kGaussMinCD16);  // products_form
     return y;
   }
   switch (dtype) {

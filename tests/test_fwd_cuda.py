@@ -676,29 +676,45 @@ def test_tf32_path(M, c, d, mode, sm90, allow_tf32, monkeypatch):
         assert got.dtype == torch.float32 and err <= tol, (i, err, tol)
 
 
-@pytest.mark.parametrize("sm90", [True, False], ids=["sm90", "dft-cublas"])
-@pytest.mark.parametrize("M, c, d", [(300, 1024, 520), (129, 1025, 514)])
-def test_tf32_three_product_gemm_form(M, c, d, sm90, allow_tf32, monkeypatch):
-    # The inference forward's TF32 GEMM form takes the complex pair as three products from c d >= 2^19
-    # (k1 = s PR, k2 = fR (PI - PR), k3 = fI (PR + PI), s = fR + fI); the training forward, which keeps
-    # x's four planes, takes four. Both within 2x of F.linear's TF32 error (or of 2^-11), on random data
-    # and where aR cancels (fR = fI, PI ~ PR), and not bitwise equal: the three-product form ran.
+@pytest.mark.parametrize(
+    "dtype, sm90, M, c, d",
+    [
+        (torch.float32, True, 300, 1024, 1030),
+        (torch.float32, False, 129, 1025, 1026),
+        (torch.float16, False, 64, 2048, 2050),
+        (torch.bfloat16, False, 33, 2050, 2048),
+    ],
+    ids=str,
+)
+def test_three_product_gemm_form(dtype, sm90, M, c, d, allow_tf32, monkeypatch):
+    # The inference forward's GEMM form takes the complex pair as three products from c d >= 2^20 (FP32
+    # with TF32 allowed) / 2^22 (fp16 / bf16): k1 = (s/4) PR, k2 = (fR/2) (PI - PR)/2, k3 = (fI/2) (PR +
+    # PI)/2, s = fR + fI; the training forward, which keeps x's four planes, takes four. Both within 2x
+    # of F.linear's error (TF32: or of 2^-11) on random data and where aR cancels (fR = fI, PI ~ PR),
+    # fp16 inputs near its range stay finite, and the two forms differ: the three-product one ran.
     if not sm90:
         monkeypatch.setenv("FLASH_EQLINEAR_SM90", "0")
-    x, planes, b = make(M, c, d, torch.float32, seed=c + d)
-    xq = x.view(M, c, 4).clone()
+    x, planes, b = make(M, c, d, dtype, seed=c + d)
+    xq = x.float().view(M, c, 4).clone()
     xq[..., 3] = xq[..., 0] - xq[..., 2] + xq[..., 1]  # fI = fR
     adversarial = planes.clone()
     adversarial[2] = adversarial[1] * (1 + 1e-3 * torch.randn_like(adversarial[1]))  # PI ~ PR
-    for xx, pp in ((x, planes), (xq.view(M, 4 * c), adversarial)):
+    big = (x.float() / x.float().abs().max() * 3e4).to(dtype)
+    cases = [(x, planes), (xq.view(M, 4 * c).to(dtype), adversarial)]
+    if dtype != torch.float32:
+        cases.append((big, planes))
+    for xx, pp in cases:
         y = torch.ops.flash_eqlinear.eq_linear_fwd(xx, pp, b)
         y4 = torch.ops.flash_eqlinear.eq_linear_fwd_xf(xx, pp, b)[0]
-        ref, w = fp64_reference(xx, pp, b)
-        dense = reference.dense_weight(w)
-        lin = F.linear(xx, dense.float(), b.repeat_interleave(4))
-        tol = 2 * max(rel_l2(lin, ref), 2.0**-11)
-        assert rel_l2(y, ref) <= tol and rel_l2(y4, ref) <= tol, (rel_l2(y, ref), rel_l2(y4, ref), tol)
         assert not torch.equal(y, y4)
+        for got in (y, y4):
+            if dtype != torch.float32:
+                check_against_linear(got, xx, pp, b)
+                continue
+            ref, w = fp64_reference(xx, pp, b)
+            lin = F.linear(xx, reference.dense_weight(w).float(), b.repeat_interleave(4))
+            tol = 2 * max(rel_l2(lin, ref), 2.0**-11)
+            assert rel_l2(got, ref) <= tol, (rel_l2(got, ref), tol)
 
 
 @pytest.mark.parametrize("M, c, d", [(300, 512, 512), (129, 1025, 260), (2049, 256, 1024)])
