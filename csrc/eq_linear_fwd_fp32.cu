@@ -133,6 +133,19 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
+// dst[4q .. 4q + 3] = the float4 at src + q * step (shared memory), q < N / 4.
+template <int N>
+__device__ __forceinline__ void load_float4s(float (&dst)[N], const float* src, int step) {
+  #pragma unroll
+  for (int q = 0; q < N / 4; ++q) {
+    const float4 v = *reinterpret_cast<const float4*>(src + q * step);
+    dst[4 * q + 0] = v.x;
+    dst[4 * q + 1] = v.y;
+    dst[4 * q + 2] = v.z;
+    dst[4 * q + 3] = v.w;
+  }
+}
+
 // kVecX: x and y are 16-byte aligned (float4 per (row, channel)).
 // kVecP: planes 16-byte aligned and c % 4 == 0 (float4 along c).
 template <class Cfg, bool kVecX, bool kVecP>
@@ -300,27 +313,9 @@ eq_linear_fwd_fp32_kernel(const float* __restrict__ x, const float* __restrict__
 
     const float* const A = As + (kt & 1) * Cfg::kAStage + a_off;
     const float* const B = Bs + (kt & 1) * Cfg::kBStage + b_off;
-    // Plane g of step k: the lane's TM rows of A, TN channels of B.
-    auto frag_a = [&](float (&dst)[TM], int g, int k) {
-      #pragma unroll
-      for (int q = 0; q < TM / 4; ++q) {
-        const float4 v = *reinterpret_cast<const float4*>(A + (g * BK + k) * SA + q * 16);
-        dst[4 * q + 0] = v.x;
-        dst[4 * q + 1] = v.y;
-        dst[4 * q + 2] = v.z;
-        dst[4 * q + 3] = v.w;
-      }
-    };
-    auto frag_b = [&](float (&dst)[TN], int g, int k) {
-      #pragma unroll
-      for (int q = 0; q < TN / 4; ++q) {
-        const float4 v = *reinterpret_cast<const float4*>(B + (g * BK + k) * SB + q * 32);
-        dst[4 * q + 0] = v.x;
-        dst[4 * q + 1] = v.y;
-        dst[4 * q + 2] = v.z;
-        dst[4 * q + 3] = v.w;
-      }
-    };
+    // Plane g of step k: the lane's TM rows of A (float4 groups 16 apart), TN channels of B (32 apart).
+    auto frag_a = [&](float (&dst)[TM], int g, int k) { load_float4s(dst, A + (g * BK + k) * SA, 16); };
+    auto frag_b = [&](float (&dst)[TN], int g, int k) { load_float4s(dst, B + (g * BK + k) * SB, 32); };
     // acc += sign * aa bb^T for one k; the sign becomes an FFMA operand negation.
     auto outer = [&](float (&acc)[TM][TN], const float (&aa)[TM], const float (&bb)[TN], float sign) {
       #pragma unroll
