@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(256) group_dft_kernel(const T* __restrict__ sr
           out[1][j] = elem_bits<T>(0.5f * f2);
           out[2][j] = elem_bits<T>(kH * fr);
           out[3][j] = elem_bits<T>(kH * fi);
-        } else if (gauss) {  // [g0, g2, gR + gI, gR, gI]
+        } else if (gauss) {  // [g0, g2, (gR + gI) / 2, gR, gI], each times hs
           out[0][j] = elem_bits<T>(hs * f0);
           out[1][j] = elem_bits<T>(hs * f2);
           out[2][j] = elem_bits<T>(0.5f * hs * (fr + fi));

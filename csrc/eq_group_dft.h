@@ -28,8 +28,8 @@ struct GroupDftParams {
   bool input;              // true: the x layout (scaled); false: the grad_y layout
   bool blocks = false;     // false: planes (4, M, n); true: column blocks (M, 4n), row m = [plane 0 | ...]
   bool halve = false;      // input = false only: all four planes halved
-  bool gauss = false;      // blocks, input = false only: a fifth block s = fR + fI at half the others'
-                           // scale, placed third: dst (M, 5n) = [f0 | f2 | s/2 | fR | fI] (x scale) (the
+  bool gauss = false;      // blocks, input = false only: a fifth block, placed third, s/2 with s = fR + fI:
+                           // dst (M, 5n) = [f0 | f2 | s/2 | fR | fI], each times 1/2 with halve (the
                            // forward's three-product complex term: eq_linear_bindings.cpp,
                            // fourier_products_gauss_into)
   float* sums = nullptr;   // optional (sum_chunks, n) FP32: row-chunk partial column sums of f0 (the
@@ -62,7 +62,7 @@ cudaError_t eq_group_dft_split_fp32(const float* x, float* dst, int64_t M, int64
 //   y0 = a0 + a2 + sqrt2 aR etc. FP32 arithmetic, one rounding per output. y and bias have the element
 //   type (elem_bytes 4: float; 2: bf16 ? __nv_bfloat16 : __half); y must be 16-byte aligned.
 //   With `gauss`: a (M, 5d) = [a0 | a2 | k1 | k2 | k3] (lda >= 5d), the complex pair as three products
-//   at a quarter scale, aR = 2 (k1 - k3) and aI = 2 (k1 + k2).
+//   at half the scale of a0 and a2, aR = 2 (k1 - k3) and aI = 2 (k1 + k2).
 struct GroupIdftParams {
   const float* a;
   const void* bias;  // nullptr: none

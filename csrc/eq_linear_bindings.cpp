@@ -111,8 +111,8 @@ void fourier_products_into(const at::Tensor& f, const at::Tensor& planes, const 
 // k1 = (s/4) PR^T, k2 = (fR/2) ((PI - PR)/2)^T, k3 = (fI/2) ((PR + PI)/2)^T as one strided-batched GEMM
 // (the three A blocks and the three outputs are k / n apart) into a (M, 5d) FP32 =
 // [a0 | a2 | k1 | k2 | k3], then the inverse DFT with aR = 2 (k1 - k3), aI = 2 (k1 + k2) (halved
-// convention). The quarter and halves keep every 16-bit operand within the range of x and of the
-// planes (exact power-of-two scalings). 5/16 of the dense MACs instead of 6/16 for one more x-sized
+// convention). The quarter and halves keep the new 16-bit operands within the range of the existing
+// ones: |s/4| <= max |x|, and the plane combinations, formed in FP32 and rounded once, within max |P|. 5/16 of the dense MACs instead of 6/16 for one more x-sized
 // block written and read (H100, M = 32768: benchmarks/README.md, v14).
 void fourier_products_gauss_into(const at::Tensor& f, const at::Tensor& planes, const at::Tensor& bias,
                                  at::Tensor& y, const char* what) {
@@ -125,10 +125,10 @@ void fourier_products_gauss_into(const at::Tensor& f, const at::Tensor& planes, 
   const at::Tensor f3 = f.as_strided({3, M, k}, {k, 5 * k, 1}, f.storage_offset() + 2 * k);
   const at::Tensor pr = planes.select(0, 1), pi = planes.select(0, 2);
   at::Tensor w = at::empty({3, n, k}, planes.options());  // [PR, (PI - PR) / 2, (PR + PI) / 2]
-  at::Tensor w1 = w.select(0, 1), w2 = w.select(0, 2);
+  const at::Tensor pr32 = pr.to(at::kFloat), pi32 = pi.to(at::kFloat);  // no 16-bit overflow in PI - PR
   w.select(0, 0).copy_(pr);
-  at::sub_out(w1, pi, pr).mul_(0.5);
-  at::add_out(w2, pr, pi).mul_(0.5);
+  w.select(0, 1).copy_((pi32 - pr32).mul_(0.5));
+  w.select(0, 2).copy_((pr32 + pi32).mul_(0.5));
   if (f.scalar_type() == at::kFloat) {
     at::bmm_out(a02, f02, p03.transpose(-2, -1));
     at::bmm_out(a3, f3, w.transpose(-2, -1));
@@ -140,7 +140,7 @@ void fourier_products_gauss_into(const at::Tensor& f, const at::Tensor& planes, 
 }
 
 // Group DFT of t (M, 4n) (contiguous, aligned to 4 elements) into Fourier planes, layouts in
-// eq_group_dft.h: column blocks (M, 4n) with `blocks` (with gauss (M, 5n), the fifth block fR + fI),
+// eq_group_dft.h: column blocks (M, 4n) with `blocks` (with gauss (M, 5n): a third block (fR + fI) / 2),
 // else planes (4, M, n). With sum, also the FP32 column sums of the unrounded f0 per chunk of rows,
 // (chunks, n), to be summed over the chunks in order; else an empty (0,). `what` names the caller in
 // errors; halve: eq_group_dft.h.

@@ -2,7 +2,7 @@
 //
 // One GEMM-shaped loop over the input channels k (rows m x output channels o) carries four
 // operand pairs and four accumulators: a0 += f0 P0, a2 += f2 P2, aR += fR PR - fI PI,
-// aI += fR PI + fI PR (6 FFMA per (m, o, k)). The DFT of x (f0, fR, fI, f2) is applied when a
+// aI += fR PI + fI PR (6 FFMA per (m, o, k); the small4 tile; big and small: five, below). The DFT of x (f0, fR, fI, f2) is applied when a
 // tile is staged into shared memory and the inverse DFT + bias in registers before the store, so
 // x and y are read / written in their interleaved layout with no extra pass over memory.
 //
