@@ -232,8 +232,12 @@ __global__ void __launch_bounds__(256) group_idft_kernel(GroupIdftParams p, int6
 #pragma unroll
   for (int j = 0; j < kC; ++j) b[j] = bias != nullptr ? to_float(bias[o0 + j]) : 0.f;
   const bool halved = p.halved, gauss = p.gauss;
-  const auto idft = [halved](float a0, float a2, float ar, float ai, float bo) {
-    return halved ? inverse_dft4_f32<true>(a0, a2, ar, ai, bo) : inverse_dft4_f32<false>(a0, a2, ar, ai, bo);
+  // Channel j of one row's loaded blocks v; with gauss [a0, a2, k1, k2, k3]: aR = 2 (k1 - k3), aI = 2 (k1 + k2).
+  const auto idft = [halved, gauss, &b](const float (&v)[5][kC], int j) {
+    const float ar = gauss ? 2.f * (v[2][j] - v[4][j]) : v[2][j];
+    const float ai = gauss ? 2.f * (v[2][j] + v[3][j]) : v[3][j];
+    return halved ? inverse_dft4_f32<true>(v[0][j], v[1][j], ar, ai, b[j])
+                  : inverse_dft4_f32<false>(v[0][j], v[1][j], ar, ai, b[j]);
   };
   const int blocks = gauss ? 5 : 4;
   const int64_t r_end = p.M < (int64_t(blockIdx.y) + 1) * rows_per_chunk ? p.M : (int64_t(blockIdx.y) + 1) * rows_per_chunk;
@@ -256,17 +260,6 @@ __global__ void __launch_bounds__(256) group_idft_kernel(GroupIdftParams p, int6
         }
       }
     }
-    if (gauss) {  // [a0, a2, k1, k2, k3] -> [a0, a2, aR = 2 (k1 - k3), aI = 2 (k1 + k2)]
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-#pragma unroll
-        for (int j = 0; j < kC; ++j) {
-          const float k1 = v[u][2][j];
-          v[u][2][j] = 2.f * (k1 - v[u][4][j]);
-          v[u][3][j] = 2.f * (k1 + v[u][3][j]);
-        }
-      }
-    }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int64_t r = r0 + u * R;
@@ -275,12 +268,12 @@ __global__ void __launch_bounds__(256) group_idft_kernel(GroupIdftParams p, int6
       if constexpr (sizeof(T) == 4) {
 #pragma unroll
         for (int j = 0; j < kC; ++j)
-          reinterpret_cast<float4*>(dst)[j] = idft(v[u][0][j], v[u][1][j], v[u][2][j], v[u][3][j], b[j]);
+          reinterpret_cast<float4*>(dst)[j] = idft(v[u], j);
       } else {
         uint32_t w[2 * kC];  // (y0, y1), (y2, y3) per channel
 #pragma unroll
         for (int j = 0; j < kC; ++j) {
-          const float4 q = idft(v[u][0][j], v[u][1][j], v[u][2][j], v[u][3][j], b[j]);
+          const float4 q = idft(v[u], j);
           w[2 * j] = elem_bits<T>(q.x) | elem_bits<T>(q.y) << 16;
           w[2 * j + 1] = elem_bits<T>(q.z) | elem_bits<T>(q.w) << 16;
         }

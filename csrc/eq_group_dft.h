@@ -31,7 +31,7 @@ struct GroupDftParams {
   bool gauss = false;      // blocks, input = false only: a fifth block, placed third, s/2 with s = fR + fI:
                            // dst (M, 5n) = [f0 | f2 | s/2 | fR | fI], each times 1/2 with halve (the
                            // forward's three-product complex term: eq_linear_bindings.cpp,
-                           // fourier_products_gauss_into)
+                           // fourier_products_into)
   float* sums = nullptr;   // optional (sum_chunks, n) FP32: row-chunk partial column sums of f0 (the
                            // unrounded x0+x1+x2+x3; for grad_y: grad_bias = sums summed over chunks)
   int64_t sum_chunks = 0;  // rows of `sums`: eq_group_dft_sum_chunks(p, elem_bytes), first rows written

@@ -73,6 +73,15 @@ void inverse_dft_into(const at::Tensor& a, const at::Tensor& bias, at::Tensor& y
   TORCH_CHECK(err == cudaSuccess, what, ": inverse DFT failed: ", cudaGetErrorString(err));
 }
 
+// out = a b (mm, or bmm for batches) with FP32 output: FP32 operands as they are (TF32 as PyTorch's switch
+// says), 16-bit ones with FP32 products (one rounding, in the inverse DFT).
+void gemm_fp32_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() == at::kFloat)
+    a.dim() == 3 ? at::bmm_out(out, a, b) : at::mm_out(out, a, b);
+  else
+    a.dim() == 3 ? at::bmm_out(out, a, b, at::kFloat) : at::mm_out(out, a, b, at::kFloat);
+}
+
 // The plane products of the forward as cuBLAS GEMMs, then the inverse DFT: f (M, 4k) holds the input's
 // Fourier column blocks [f0 | f2 | fR | fI] / 2 (halved: fp16 range; f's dtype is the GEMMs' operand
 // type), planes (4, d, c) with (n, k) = (d, c). With `adjoint`: the products with the adjoint planes
@@ -83,60 +92,41 @@ void inverse_dft_into(const at::Tensor& a, const at::Tensor& bias, at::Tensor& y
 // buffer: a0 and a2 batched, the complex pair as one GEMM with K = 2k: [aR | aI] = [fR | fI]
 // [[PR, -PI], [PI, PR]]^T (adjoint: [fR | fI] [[PR, -PI], [PI, PR]]); then y (M, 4n) = inverse DFT
 // + bias, rounded once to y's dtype.
+// With `gauss` (the forward only), the complex pair as three real products: f (M, 5k) =
+// [f0/2 | f2/2 | s/4 | fR/2 | fI/2] with s = fR + fI (group_dft with gauss); k1 = (s/4) PR^T,
+// k2 = (fR/2) ((PI - PR)/2)^T, k3 = (fI/2) ((PR + PI)/2)^T as one strided-batched GEMM (the three A
+// blocks and the three outputs are k / n apart) into a (M, 5n) = [a0 | a2 | k1 | k2 | k3]; the inverse
+// DFT forms aR = 2 (k1 - k3), aI = 2 (k1 + k2) (halved convention). The quarter and halves keep the new
+// 16-bit operands within the range of the existing ones: |s/4| <= max |x|, and the plane combinations,
+// formed in FP32 and rounded once, within max |P|. 5/16 of the dense MACs instead of 6/16 for one more
+// x-sized block written and read (H100, M = 32768: benchmarks/README.md, v14).
 void fourier_products_into(const at::Tensor& f, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
-                           const char* what, bool adjoint = false) {
+                           const char* what, bool adjoint = false, bool gauss = false) {
+  TORCH_INTERNAL_ASSERT(!(adjoint && gauss), what, ": three products are the forward's only");
   const int64_t M = f.size(0), n = planes.size(adjoint ? 2 : 1), k = planes.size(adjoint ? 1 : 2);
-  at::Tensor a = at::empty({M, 4 * n}, f.options().dtype(at::kFloat));
+  const int64_t nb = gauss ? 5 : 4;  // column blocks of f and a
+  at::Tensor a = at::empty({M, nb * n}, f.options().dtype(at::kFloat));
   const auto b = [&](const at::Tensor& w) { return adjoint ? w : w.transpose(-2, -1); };
   // a0 and a2 as one strided-batched GEMM (one host call): [f0, f2] (batch stride k) times
   // [P0, P2] (planes 0 and 3) into [a0, a2] (batch stride n).
-  at::Tensor a02 = a.as_strided({2, M, n}, {n, 4 * n, 1});
-  const at::Tensor f02 = f.as_strided({2, M, k}, {k, 4 * k, 1});
+  at::Tensor a02 = a.as_strided({2, M, n}, {n, nb * n, 1});
   const at::Tensor p03 =
       planes.as_strided({2, planes.size(1), planes.size(2)}, {3 * planes.stride(0), planes.stride(1), 1});
-  at::Tensor ari = a.narrow(1, 2 * n, 2 * n);
-  const at::Tensor fri = f.narrow(1, 2 * k, 2 * k), cb = b(complex_block(planes));
-  if (f.scalar_type() == at::kFloat) {
-    at::bmm_out(a02, f02, b(p03));
-    at::mm_out(ari, fri, cb);
-  } else {  // 16-bit operands, FP32 products: one rounding, in the inverse DFT
-    at::bmm_out(a02, f02, b(p03), at::kFloat);
-    at::mm_out(ari, fri, cb, at::kFloat);
+  gemm_fp32_out(a02, f.as_strided({2, M, k}, {k, nb * k, 1}), b(p03));
+  if (gauss) {
+    const at::Tensor pr = planes.select(0, 1), pi = planes.select(0, 2);
+    at::Tensor w = at::empty({3, n, k}, planes.options());  // [PR, (PI - PR) / 2, (PR + PI) / 2]
+    const at::Tensor pr32 = pr.to(at::kFloat), pi32 = pi.to(at::kFloat);  // no 16-bit overflow in PI - PR
+    w.select(0, 0).copy_(pr);
+    w.select(0, 1).copy_((pi32 - pr32).mul_(0.5));
+    w.select(0, 2).copy_((pr32 + pi32).mul_(0.5));
+    at::Tensor a3 = a.as_strided({3, M, n}, {n, 5 * n, 1}, a.storage_offset() + 2 * n);
+    gemm_fp32_out(a3, f.as_strided({3, M, k}, {k, 5 * k, 1}, f.storage_offset() + 2 * k), b(w));
+  } else {
+    at::Tensor ari = a.narrow(1, 2 * n, 2 * n);
+    gemm_fp32_out(ari, f.narrow(1, 2 * k, 2 * k), b(complex_block(planes)));
   }
-  inverse_dft_into(a, bias, y, what, !adjoint);
-}
-
-// The forward's plane products with the complex pair as three real products (Gauss): f (M, 5k) =
-// [f0/2 | f2/2 | s/4 | fR/2 | fI/2] with s = fR + fI (group_dft with gauss), planes (4, d, c);
-// k1 = (s/4) PR^T, k2 = (fR/2) ((PI - PR)/2)^T, k3 = (fI/2) ((PR + PI)/2)^T as one strided-batched GEMM
-// (the three A blocks and the three outputs are k / n apart) into a (M, 5d) FP32 =
-// [a0 | a2 | k1 | k2 | k3], then the inverse DFT with aR = 2 (k1 - k3), aI = 2 (k1 + k2) (halved
-// convention). The quarter and halves keep the new 16-bit operands within the range of the existing
-// ones: |s/4| <= max |x|, and the plane combinations, formed in FP32 and rounded once, within max |P|. 5/16 of the dense MACs instead of 6/16 for one more x-sized
-// block written and read (H100, M = 32768: benchmarks/README.md, v14).
-void fourier_products_gauss_into(const at::Tensor& f, const at::Tensor& planes, const at::Tensor& bias,
-                                 at::Tensor& y, const char* what) {
-  const int64_t M = f.size(0), n = planes.size(1), k = planes.size(2);
-  at::Tensor a = at::empty({M, 5 * n}, f.options().dtype(at::kFloat));
-  const at::Tensor p03 = planes.as_strided({2, n, k}, {3 * planes.stride(0), planes.stride(1), 1});
-  at::Tensor a02 = a.as_strided({2, M, n}, {n, 5 * n, 1});
-  at::Tensor a3 = a.as_strided({3, M, n}, {n, 5 * n, 1}, a.storage_offset() + 2 * n);
-  const at::Tensor f02 = f.as_strided({2, M, k}, {k, 5 * k, 1});
-  const at::Tensor f3 = f.as_strided({3, M, k}, {k, 5 * k, 1}, f.storage_offset() + 2 * k);
-  const at::Tensor pr = planes.select(0, 1), pi = planes.select(0, 2);
-  at::Tensor w = at::empty({3, n, k}, planes.options());  // [PR, (PI - PR) / 2, (PR + PI) / 2]
-  const at::Tensor pr32 = pr.to(at::kFloat), pi32 = pi.to(at::kFloat);  // no 16-bit overflow in PI - PR
-  w.select(0, 0).copy_(pr);
-  w.select(0, 1).copy_((pi32 - pr32).mul_(0.5));
-  w.select(0, 2).copy_((pr32 + pi32).mul_(0.5));
-  if (f.scalar_type() == at::kFloat) {
-    at::bmm_out(a02, f02, p03.transpose(-2, -1));
-    at::bmm_out(a3, f3, w.transpose(-2, -1));
-  } else {  // 16-bit operands, FP32 products
-    at::bmm_out(a02, f02, p03.transpose(-2, -1), at::kFloat);
-    at::bmm_out(a3, f3, w.transpose(-2, -1), at::kFloat);
-  }
-  inverse_dft_into(a, bias, y, what, true, true);
+  inverse_dft_into(a, bias, y, what, !adjoint, gauss);
 }
 
 // Group DFT of t (M, 4n) (contiguous, aligned to 4 elements) into Fourier planes, layouts in
@@ -150,8 +140,7 @@ std::tuple<at::Tensor, at::Tensor> group_dft(const at::Tensor& t, bool input, bo
   at::Tensor out = blocks ? at::empty({M, (gauss ? 5 : 4) * n}, t.options()) : at::empty({4, M, n}, t.options());
   const auto f32 = t.options().dtype(at::kFloat);
   if (M == 0) return {out, sum ? at::zeros({1, n}, f32) : at::empty({0}, f32)};
-  GroupDftParams p{t.data_ptr(), out.data_ptr(), M, n, input, blocks, halve};
-  p.gauss = gauss;
+  GroupDftParams p{t.data_ptr(), out.data_ptr(), M, n, input, blocks, halve, gauss};
   const int elem = static_cast<int>(t.element_size());
   at::Tensor sums;
   if (sum) {
@@ -174,14 +163,11 @@ std::tuple<at::Tensor, at::Tensor> group_dft(const at::Tensor& t, bool input, bo
 // and y-sized FP32 buffers (a workspace of 4 M (c + d) floats) buy cuBLAS's TF32 rate for the 6/16 of
 // the dense MACs; and for fp16 / bf16 as products_form says. `what` names the caller in errors.
 // With gauss (the inference forward: the planes are not kept), the complex pair as three products
-// (fourier_products_gauss_into) and x's planes with a fifth block, (M, 5c).
+// (fourier_products_into) and x's planes with a fifth block, (M, 5c).
 at::Tensor fwd_gemm_form(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
                          const char* what, bool gauss = false) {
   at::Tensor xf = std::get<0>(group_dft(aligned16(x), false, true, false, what, true, gauss));
-  if (gauss)
-    fourier_products_gauss_into(xf, planes, bias, y, what);
-  else
-    fourier_products_into(xf, planes, bias, y, what);
+  fourier_products_into(xf, planes, bias, y, what, false, gauss);
   return xf;
 }
 
@@ -197,7 +183,7 @@ at::Tensor fwd_gemm_form(const at::Tensor& x, const at::Tensor& planes, const at
 // whole backward is 2-5% faster with the GEMM form than with the Hopper kernel (7% slower at c = 1024).
 constexpr int64_t kGemmFwdMinCD = int64_t(1) << 18;
 // Weights per plane from which the inference forward's GEMM form takes the complex pair as three
-// products (fourier_products_gauss_into): a sixth fewer MACs for one more x-sized block written and
+// products (fourier_products_into with gauss): a sixth fewer MACs for one more x-sized block written and
 // read, which pays where the GEMMs dominate. H100, M = 32768, c = d, against four products: TF32
 // 1.84 / 5.44 ms against 1.92 / 6.30 at c = 1024 / 2048; fp16 (FLASH_EQLINEAR_SM90=0) 0.51 / 1.15 /
 // 3.21 ms against 0.45 / 1.13 / 3.53 at c = 512 / 1024 / 2048 (bf16 alike). GPUs with less compute
