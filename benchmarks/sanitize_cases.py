@@ -14,10 +14,11 @@ SHAPES = [(1, 1, 1), (7, 3, 59), (129, 59, 200), (300, 64, 64), (257, 200, 48), 
 SHAPES += [(17925, 16, 16)]  # more tiles than SMs: persistent blocks walk several
 SHAPES += [(257, 20, 31), (1000, 32, 32), (4097, 16, 8)]  # the narrow kernel's other tiles
 SHAPES += [(5000, 40, 200), (20000, 3, 200)]  # FP32 tiled: more tiles than blocks (one k tile for c = 3)
-# Which ops: fwd, bwd, dft (group DFT), tiles (FP32 tiles), gemm (the 16-bit GEMM forms), hopper (the Hopper
-# forward alone, its clusters forced; not in the default list); "quick": the
-# weight-gradient set without its two largest shapes (racecheck runs each launch ~100x slower).
-DIRECTIONS = sys.argv[1:] or ["fwd", "bwd", "dft", "tiles", "gemm"]
+# Which ops: fwd, bwd, dft (group DFT), tiles (FP32 tiles), gemm (the 16-bit GEMM forms), gauss (the
+# three-product GEMM form), hopper (the Hopper forward alone, its clusters forced; not in the default
+# list); "quick": the weight-gradient set without its two largest shapes (racecheck runs each launch
+# ~100x slower).
+DIRECTIONS = sys.argv[1:] or ["fwd", "bwd", "dft", "tiles", "gemm", "gauss"]
 BWD_SHAPES = SHAPES + [(5000, 48, 59), (3000, 64, 128)]
 if "quick" in DIRECTIONS:
     BWD_SHAPES = [s for s in BWD_SHAPES if s[0] <= 5000]
@@ -135,6 +136,22 @@ for dtype in (torch.float16, torch.bfloat16, torch.float32) if "hopper" in DIREC
         if dtype != torch.float32:
             yk, _ = torch.ops.flash_eqlinear.eq_linear_fwd_xf(x, planes, b)
             assert rel_err(yk, yref) < tol, ("hopper xf", dtype, M, c, d)
+torch.backends.cuda.matmul.allow_tf32 = False
+# The inference forward's GEMM form with the complex pair as three products (from c d >= 2^20 with TF32,
+# 2^22 in fp16 / bf16): its five-block group DFT, strided GEMMs and three-product inverse DFT; ragged c, d.
+GAUSS_CASES = [
+    (torch.float32, [(65, 1031, 1031), (3, 1024, 1030)]),
+    (torch.float16, [(65, 2051, 2047)]),
+    (torch.bfloat16, [(130, 2048, 2048)]),
+]
+for dtype, shapes in GAUSS_CASES if "gauss" in DIRECTIONS else ():
+    torch.backends.cuda.matmul.allow_tf32 = dtype == torch.float32
+    for M, c, d in shapes:
+        x, planes, b = layer(M, c, d, dtype)
+        with env_switch("FLASH_EQLINEAR_PRODUCTS", "gemm"):
+            y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
+        tol = 5e-3 if dtype == torch.float32 else TOL[dtype]
+        assert rel_err(y, fp64_forward(x, planes, b)) < tol, ("gauss", dtype, M, c, d)
 torch.backends.cuda.matmul.allow_tf32 = False
 # Group DFT alone (its shared-memory column-sum reduction; each channels-per-thread width).
 for dtype in (torch.float32, torch.float16, torch.bfloat16) if "dft" in DIRECTIONS else ():
