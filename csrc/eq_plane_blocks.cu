@@ -38,6 +38,26 @@ __global__ void __launch_bounds__(256) complex_block_kernel(const U* __restrict_
 }
 
 template <class T>
+__global__ void __launch_bounds__(256) gauss_planes_kernel(const T* __restrict__ planes, T* __restrict__ out,
+                                                           int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
+    const float pr = to_float(planes[n + e]), pi = to_float(planes[2 * n + e]);
+    out[e] = planes[e];
+    out[n + e] = planes[n + e];
+    out[2 * n + e] = from_float<T>(0.5f * (pi - pr));
+    out[3 * n + e] = from_float<T>(0.5f * (pr + pi));
+    out[4 * n + e] = planes[3 * n + e];
+  }
+}
+
+template <class T>
+cudaError_t gauss_planes(const void* planes, void* out, int64_t n, cudaStream_t stream) {
+  gauss_planes_kernel<T><<<blocks_for(n), 256, 0, stream>>>(static_cast<const T*>(planes), static_cast<T*>(out), n);
+  return cudaGetLastError();
+}
+
+template <class T>
 __global__ void __launch_bounds__(256) pair_combine_kernel(const float* __restrict__ q, T* __restrict__ pr,
                                                            T* __restrict__ pi, int64_t d, int64_t c, float s) {
   const int64_t total = d * c, stride = int64_t(gridDim.x) * blockDim.x;
@@ -178,6 +198,14 @@ cudaError_t eq_complex_block(const void* planes, void* out, int64_t d, int64_t c
     complex_block_kernel<uint16_t><<<grid, 256, 0, stream>>>(static_cast<const uint16_t*>(planes),
                                                              static_cast<uint16_t*>(out), d, c);
   return cudaGetLastError();
+}
+
+cudaError_t eq_gauss_planes(const void* planes, void* out, int64_t d, int64_t c, int elem_bytes, bool bf16,
+                            cudaStream_t stream) {
+  if (d < 1 || c < 1 || planes == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  if (elem_bytes == 4) return gauss_planes<float>(planes, out, d * c, stream);
+  return bf16 ? gauss_planes<__nv_bfloat16>(planes, out, d * c, stream)
+              : gauss_planes<__half>(planes, out, d * c, stream);
 }
 
 cudaError_t eq_pair_combine(const float* q, void* pr, void* pi, int64_t d, int64_t c, float s, int elem_bytes,

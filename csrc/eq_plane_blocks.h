@@ -15,6 +15,12 @@ namespace flash_eqlinear {
 cudaError_t eq_complex_block(const void* planes, void* out, int64_t d, int64_t c, int elem_bytes,
                              cudaStream_t stream);
 
+// planes (4, d, c) -> out (5, d, c) = (P0, PR, (PI - PR) / 2, (PR + PI) / 2, P2): the operand planes of
+// the complex pair as three products (the Hopper forward's FwdParams::planes5, the GEMM form's three
+// products). The combinations in FP32, rounded once; the halves keep them within max |P| (fp16 range).
+cudaError_t eq_gauss_planes(const void* planes, void* out, int64_t d, int64_t c, int elem_bytes, bool bf16,
+                            cudaStream_t stream);
+
 // q (2d, 2c) FP32 = [[q00, q01], [q10, q11]] -> pr = s (q00 + q11), pi = s (q10 - q01), each (d, c),
 // rounded once to the element type: the weight gradient's complex pair from its one FP32 product (s:
 // the scale its operands' layout leaves out).
