@@ -107,11 +107,11 @@ void gemm_fp32_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
 // [f0/2 | f2/2 | s/4 | fR/2 | fI/2] with s = fR + fI (group_dft with gauss); k1 = (s/4) PR^T,
 // k2 = (fR/2) ((PI - PR)/2)^T, k3 = (fI/2) ((PR + PI)/2)^T as one strided-batched GEMM (the three A
 // blocks, the three B planes of gauss_planes and the three outputs are k / nk / n apart) into a (M, 5n)
-// = [a0 | a2 | k1 | k2 | k3]; the inverse
-// DFT forms aR = 2 (k1 - k3), aI = 2 (k1 + k2) (halved convention). The quarter and halves keep the new
-// 16-bit operands within the range of the existing ones: |s/4| <= max |x|, and the plane combinations,
-// formed in FP32 and rounded once, within max |P|. 5/16 of the dense MACs instead of 6/16 for one more
-// x-sized block written and read (H100, M = 32768: benchmarks/README.md, v14).
+// = [a0 | a2 | k1 | k2 | k3]; the inverse DFT forms aR = 2 (k1 - k3), aI = 2 (k1 + k2) (halved
+// convention). The quarter and halves keep the new 16-bit operands within the range of the existing
+// ones: |s/4| <= max |x|, and the plane combinations, formed in FP32 and rounded once, within max |P|.
+// 5/16 of the dense MACs instead of 6/16 for one more x-sized block written and read (H100, M = 32768:
+// benchmarks/README.md, v14).
 void fourier_products_into(const at::Tensor& f, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
                            const char* what, bool adjoint = false, bool gauss = false) {
   TORCH_INTERNAL_ASSERT(!(adjoint && gauss), what, ": three products are the forward's only");
@@ -198,14 +198,6 @@ constexpr int64_t kGemmFwdMinCD = int64_t(1) << 18;
 constexpr int64_t kGaussMinCDTf32 = int64_t(1) << 20;
 constexpr int64_t kGaussMinCD16 = int64_t(1) << 22;
 constexpr int64_t kGemmGradXMinCD = int64_t(1) << 22;
-// Weights per plane from which the Hopper forward kernels (fp16 / bf16, TF32; not the planes-writing
-// variant) take the complex pair as three products (FwdParams::planes5).
-constexpr int64_t kSm90GaussMinCD = int64_t(1) << 16;
-bool sm90_gauss(int64_t cd) {
-  const char* v = std::getenv("FLASH_EQLINEAR_SM90_GAUSS");
-  if (v != nullptr) return std::strcmp(v, "0") != 0;
-  return cd >= kSm90GaussMinCD;
-}
 enum class ProductsForm { kAuto, kFused, kGemm };
 ProductsForm products_form() {
   const char* v = std::getenv("FLASH_EQLINEAR_PRODUCTS");
@@ -230,14 +222,11 @@ bool hopper_takes_products(const at::Tensor& t, int64_t cd) {
 // it runs for these tensors; else nothing is launched and false is returned. With xf (M, 4k), the kernel
 // also writes x's Fourier planes [f0 | f2 | fR | fI] * xf_scale there, and with xf_sums
 // (eq_linear_fwd_sm90_sum_rows(M), k) FP32 partial column sums of f0 (FwdParams).
-// Without xf, planes5 (gauss_planes(planes), if defined): the complex pair as three products.
 bool fwd_sm90_16bit(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
-                    const at::Tensor& xf = at::Tensor(), float xf_scale = 1.f, const at::Tensor& xf_sums = at::Tensor(),
-                    const at::Tensor& planes5 = at::Tensor()) {
+                    const at::Tensor& xf = at::Tensor(), float xf_scale = 1.f, const at::Tensor& xf_sums = at::Tensor()) {
   const int64_t M = x.size(0), n = planes.size(1), k = planes.size(2);
   if (M == 0) return true;
   FwdParams p{x.data_ptr(), planes.data_ptr(), bias.defined() ? bias.data_ptr() : nullptr, y.data_ptr(), M, k, n};
-  if (planes5.defined()) p.planes5 = planes5.data_ptr();
   if (xf.defined()) {
     p.xf = xf.data_ptr();
     p.xf_scale = xf_scale;
@@ -371,15 +360,6 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
     eq_linear_fwd_3xtf32(xc, pc, b, y);
     return y;
   }
-  // The Hopper kernels' three-product planes, where they would take them (made once, the planes
-  // pointer in p).
-  at::Tensor planes5;
-  const auto with_planes5 = [&] {
-    if (sm90_gauss(c * d) && hopper_kernels_may_run(x)) {
-      planes5 = gauss_planes(pc);
-      p.planes5 = planes5.data_ptr();
-    }
-  };
   if (tf32) {
     // TF32 allowed: the fused Hopper kernel where it applies and wins, else the DFT + cuBLAS form.
     // H100, M = 32768, c = d: fused 0.073 / 0.54 / 1.95 / 7.44 ms at c = 128 / 512 / 1024 / 2048,
@@ -387,10 +367,7 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
     // m64n64 wgmma once the two extra passes are small next to the GEMMs).
     constexpr int64_t kFusedTf32MaxCD = 1 << 19;
     bool launched = false;
-    if (c * d < kFusedTf32MaxCD) {
-      with_planes5();
-      err = eq_linear_fwd_sm90_tf32(p, stream, &launched);
-    }
+    if (c * d < kFusedTf32MaxCD) err = eq_linear_fwd_sm90_tf32(p, stream, &launched);
     TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: TF32 kernel launch failed (M=", num(M), ", c=", num(c),
                 ", d=", num(d), "): ", cudaGetErrorString(err));
     if (!launched) fwd_gemm_form(xc, pc, b, y, "eq_linear_fwd (tf32)", c * d >= kGaussMinCDTf32);
@@ -399,14 +376,10 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
   const ProductsForm form = products_form();
   const bool gemm_form = form == ProductsForm::kGemm || (form == ProductsForm::kAuto && c * d >= kGemmFwdMinCD);
   if (dtype != at::kFloat && gemm_form) {
-    if (form == ProductsForm::kAuto && hopper_kernels_may_run(x)) {
-      with_planes5();
-      if (fwd_sm90_16bit(xc, pc, b, y, at::Tensor(), 1.f, at::Tensor(), planes5)) return y;
-    }
+    if (form == ProductsForm::kAuto && hopper_kernels_may_run(x) && fwd_sm90_16bit(xc, pc, b, y)) return y;
     fwd_gemm_form(xc, pc, b, y, "eq_linear_fwd", c * d >= kGaussMinCD16);  // products_form
     return y;
   }
-  if (dtype != at::kFloat) with_planes5();  // the fp16 / bf16 launchers try the Hopper kernel first
   switch (dtype) {
     case at::kFloat: err = eq_linear_fwd_fp32(p, stream); break;
     case at::kHalf: err = eq_linear_fwd_fp16(p, stream); break;

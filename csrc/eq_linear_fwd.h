@@ -39,12 +39,6 @@ struct FwdParams {
   // (eq_linear_fwd_sm90_sum_rows(M), c) partial sums whose column sums are those of f0 (grad_bias from
   // grad_y's planes, without the planes' rounding).
   float* xf_sums = nullptr;
-  // Optional, the Hopper kernels only, not with xf: planes5 (5, d, c) = (P0, PR, (PI - PR) / 2, (PR + PI)
-  // / 2, P2) (eq_gauss_planes), 16-byte aligned: they then take the complex pair as three products,
-  // k1 = S PR, k2 = FR (PI - PR) / 2, k3 = FI (PR + PI) / 2 with S = (FR + FI) / 2, aR = 2 (k1 - k3),
-  // aI = 2 (k1 + k2): 5 multiply-adds per (row, output, input) instead of 6. `planes` must still be set
-  // (the portable kernels, where the Hopper ones do not run).
-  const void* planes5 = nullptr;
 };
 
 // One launch; returns the launch error (cudaSuccess when nothing went wrong). M == 0 is a no-op.

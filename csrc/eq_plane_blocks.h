@@ -15,9 +15,9 @@ namespace flash_eqlinear {
 cudaError_t eq_complex_block(const void* planes, void* out, int64_t d, int64_t c, int elem_bytes,
                              cudaStream_t stream);
 
-// planes (4, d, c) -> out (5, d, c) = (P0, PR, (PI - PR) / 2, (PR + PI) / 2, P2): the operand planes of
-// the complex pair as three products (the Hopper forward's FwdParams::planes5, the GEMM form's three
-// products). The combinations in FP32, rounded once; the halves keep them within max |P| (fp16 range).
+// planes (4, d, c) -> out (5, d, c) = (P0, PR, (PI - PR) / 2, (PR + PI) / 2, P2): the GEMM form's operand
+// planes with the complex pair as three products. The combinations in FP32, rounded once; the halves
+// keep them within max |P| (fp16 range).
 cudaError_t eq_gauss_planes(const void* planes, void* out, int64_t d, int64_t c, int elem_bytes, bool bf16,
                             cudaStream_t stream);
 

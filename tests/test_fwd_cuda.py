@@ -113,17 +113,15 @@ SM90_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("path", ["sm90", "sm90-gauss", "sm90-cluster", "sm90-cluster-gauss", "portable"])
+@pytest.mark.parametrize("path", ["sm90", "sm90-cluster", "portable"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("M, c, d", SM90_SHAPES)
 def test_forward_each_path(M, c, d, dtype, path, monkeypatch):
     # FLASH_EQLINEAR_SM90=0 forces the portable mma.sync kernel where the sm_90a one would run
     # (elsewhere both settings run the portable kernel); FLASH_EQLINEAR_SM90_CLUSTER=2 the sm_90a
-    # kernel in clusters of two; FLASH_EQLINEAR_SM90_GAUSS=1 / 0 its complex pair as three / four
-    # products (64 x 48 / 64 x 64 tiles). Each path: fp64 criterion, bitwise repeatable.
+    # kernel in clusters of two. Each path: fp64 criterion, bitwise repeatable.
     monkeypatch.setenv("FLASH_EQLINEAR_SM90", "0" if path == "portable" else "1")
-    monkeypatch.setenv("FLASH_EQLINEAR_SM90_CLUSTER", "2" if "cluster" in path else "1")
-    monkeypatch.setenv("FLASH_EQLINEAR_SM90_GAUSS", "1" if "gauss" in path else "0")
+    monkeypatch.setenv("FLASH_EQLINEAR_SM90_CLUSTER", "2" if path == "sm90-cluster" else "1")
     monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")  # small shapes would take the narrow kernel
     x, planes, b = make(M, c, d, dtype, seed=M + 3 * c + 7 * d)
     op = torch.ops.flash_eqlinear.eq_linear_fwd
@@ -134,19 +132,16 @@ def test_forward_each_path(M, c, d, dtype, path, monkeypatch):
     check_against_linear(op(x, planes, None), x, planes, None)
 
 
-@pytest.mark.parametrize("gauss", [False, True], ids=["four", "three"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("M, c, d", SM90_SHAPES + [(20000, 8, 130), (20000, 40, 190)])
-def test_forward_clusters(M, c, d, dtype, gauss, monkeypatch):
+def test_forward_clusters(M, c, d, dtype, monkeypatch):
     # Clusters of two CTAs sharing x (FLASH_EQLINEAR_SM90_CLUSTER=2) launch their own kernel and give
     # the single-CTA kernel's output bit for bit (same fragments, same wgmma order); an odd count of
-    # n tiles leaves the last cluster's second CTA a tile past d. With four and three products
-    # (64- and 48-channel n tiles).
+    # n tiles leaves the last cluster's second CTA a tile past d.
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm_90a kernel only")
     monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1")
     monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
-    monkeypatch.setenv("FLASH_EQLINEAR_SM90_GAUSS", "1" if gauss else "0")
     x, planes, b = make(M, c, d, dtype, seed=M + 5 * c + 3 * d)
     op = torch.ops.flash_eqlinear.eq_linear_fwd
     monkeypatch.setenv("FLASH_EQLINEAR_SM90_CLUSTER", "1")
@@ -155,9 +150,8 @@ def test_forward_clusters(M, c, d, dtype, gauss, monkeypatch):
     out = []
     names = launched_kernels(lambda: out.append(op(x, planes, b)))
     kernels = [n for n in names if "eq_linear_fwd_sm90_kernel" in n]
-    bn, np_ = (48, 5) if gauss else (64, 4)
-    if (d + bn - 1) // bn > 1:
-        assert kernels and all(f", 2, {np_}>" in n for n in kernels), names
+    if (d + 63) // 64 > 1:
+        assert kernels and all(", 2>" in n for n in kernels), names
     assert torch.equal(out[0], y1)
 
 
@@ -325,12 +319,10 @@ def test_bitwise_reproducible(shape, dtype):
 
 # (dtype, c = d, switches, kernel-name fragment): the forward kernels launched with programmatic
 # dependent launch on sm_90+ (the Hopper kernel alone and in clusters, the narrow kernel's FFMA and
-# mma.sync variants, the FP32 tiles; three products: after the launch that makes its planes).
-FOUR = {"FLASH_EQLINEAR_SM90_GAUSS": "0"}
+# mma.sync variants, the FP32 tiles).
 PDL_CASES = [
-    (torch.float16, 64, {"FLASH_EQLINEAR_SM90_CLUSTER": "1", **FOUR}, "eq_linear_fwd_sm90_kernel"),
-    (torch.bfloat16, 256, {"FLASH_EQLINEAR_SM90_CLUSTER": "2", **FOUR}, "eq_linear_fwd_sm90_kernel"),
-    (torch.bfloat16, 256, {"FLASH_EQLINEAR_SM90_GAUSS": "1"}, "eq_linear_fwd_sm90_kernel"),
+    (torch.float16, 64, {"FLASH_EQLINEAR_SM90_CLUSTER": "1"}, "eq_linear_fwd_sm90_kernel"),
+    (torch.bfloat16, 256, {"FLASH_EQLINEAR_SM90_CLUSTER": "2"}, "eq_linear_fwd_sm90_kernel"),
     (torch.float16, 16, {"FLASH_EQLINEAR_NARROW": "1"}, "narrow_mma"),
     (torch.float32, 32, {"FLASH_EQLINEAR_NARROW": "1"}, "eq_linear_fwd_narrow_kernel"),
     (torch.float32, 64, {"FLASH_EQLINEAR_NARROW": "0"}, "eq_linear_fwd_fp32_kernel"),
@@ -723,43 +715,6 @@ def test_three_product_gemm_form(dtype, sm90, M, c, d, allow_tf32, monkeypatch):
             lin = F.linear(xx, reference.dense_weight(w).float(), b.repeat_interleave(4))
             tol = 2 * max(rel_l2(lin, ref), 2.0**-11)
             assert rel_l2(got, ref) <= tol, (rel_l2(got, ref), tol)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("M, c, d", [(300, 64, 50), (129, 200, 98), (4097, 256, 146), (1000, 520, 2050)])
-def test_three_product_hopper(M, c, d, dtype, allow_tf32, monkeypatch):
-    # The Hopper kernels (fp16 / bf16; FP32 under TF32) take the complex pair as three products by
-    # default from c d >= 2^16 (FLASH_EQLINEAR_SM90_GAUSS=1 / 0 forces three / four): planes (P0, PR,
-    # (PI - PR) / 2, (PR + PI) / 2, P2) in 48-channel n tiles, S = (FR + FI) / 2 formed in registers.
-    # Within 2x of F.linear's error on random data, where aR cancels (fR = fI, PI ~ PR) and (fp16)
-    # near its range; a result other than the four-product one's (the three-product kernel ran).
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the sm_90a kernel only")
-    monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
-    x, planes, b = make(M, c, d, dtype, seed=c + d)
-    xq = x.float().view(M, c, 4).clone()
-    xq[..., 3] = xq[..., 0] - xq[..., 2] + xq[..., 1]  # fI = fR
-    adversarial = planes.clone()
-    adversarial[2] = adversarial[1] * (1 + 1e-3 * torch.randn_like(adversarial[1]))  # PI ~ PR
-    cases = [(x, planes), (xq.view(M, 4 * c).to(dtype), adversarial)]
-    if dtype == torch.float16:
-        cases.append(((x.float() / x.float().abs().max() * 3e4).to(dtype), planes))
-    op = torch.ops.flash_eqlinear.eq_linear_fwd
-    for xx, pp in cases:
-        monkeypatch.setenv("FLASH_EQLINEAR_SM90_GAUSS", "0")
-        y4 = op(xx, pp, b)
-        monkeypatch.setenv("FLASH_EQLINEAR_SM90_GAUSS", "1")
-        y = op(xx, pp, b)
-        assert not torch.equal(y, y4)
-        assert torch.equal(op(xx, pp, b), y)
-        for got in (y, y4):
-            if dtype != torch.float32:
-                check_against_linear(got, xx, pp, b)
-                continue
-            ref, w = fp64_reference(xx, pp, b)
-            lin = F.linear(xx, reference.dense_weight(w).float(), b.repeat_interleave(4))
-            err, lin_err = rel_l2(got, ref), rel_l2(lin, ref)
-            assert err <= 2 * max(lin_err, 2.0**-11), (err, lin_err)
 
 
 @pytest.mark.parametrize("M, c, d", [(300, 512, 512), (129, 1025, 260), (2049, 256, 1024)])
