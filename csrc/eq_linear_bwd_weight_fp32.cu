@@ -345,10 +345,11 @@ bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15)
 using split::cdiv;
 
 // The cost models of the two tiles for the split plan; the big tile does ~1.25x the work per
-// SM-cycle of the small one (FFMA issue 128 / SM / cycle times an assumed efficiency).
+// SM-cycle of the small one (FFMA issue 128 / SM / cycle times an assumed efficiency); 5 FFMA per
+// (row, o, ci): the complex pair as three products.
 constexpr split::TileModel kModels[2] = {
-    {BigCfg::BD, BigCfg::BC, kBK, BigCfg::kMinBlocks, BigCfg::kThreads, 128.0 * 0.8, 3000.0, false},
-    {SmallCfg::BD, SmallCfg::BC, kBK, SmallCfg::kMinBlocks, SmallCfg::kThreads, 128.0 * 0.64, 3000.0, false},
+    {BigCfg::BD, BigCfg::BC, kBK, BigCfg::kMinBlocks, BigCfg::kThreads, 128.0 * 0.8, 3000.0, false, 5.0},
+    {SmallCfg::BD, SmallCfg::BC, kBK, SmallCfg::kMinBlocks, SmallCfg::kThreads, 128.0 * 0.64, 3000.0, false, 5.0},
 };
 
 split::Plan make_plan(int64_t M, int64_t c, int64_t d, int sms) {

@@ -29,9 +29,10 @@ struct TileModel {
   int BD, BC, BK;        // output channels x input channels per tile; rows per k tile
   int blocks_per_sm;     // resident blocks per SM
   int threads;           // per block
-  double macs_per_cycle; // per SM, effective, with >= 8 resident warps (6 MAC per (row, o, ci))
+  double macs_per_cycle; // per SM, effective, with >= 8 resident warps
   double block_cycles;   // fixed cost per block (prologue, epilogue)
   bool always_reduce;    // partials always go through the workspace (second kernel even at S = 1)
+  double macs_per_element = 6.0;  // per (row, o, ci): 6, or 5 with the complex pair as three products
 };
 
 struct Plan {
@@ -55,7 +56,7 @@ inline double estimate_ns(const TileModel& t, int64_t c, int64_t d, int sms, int
   const int64_t warps = per_sm * t.threads / 32;
   const double occ_eff = warps >= 8 ? 1.0 : warps >= 4 ? 0.75 : 0.5;
   const double block_cycles =
-      double(chunk_kt) * t.BK * t.BD * t.BC * 6.0 / (t.macs_per_cycle * occ_eff) + t.block_cycles;
+      double(chunk_kt) * t.BK * t.BD * t.BC * t.macs_per_element / (t.macs_per_cycle * occ_eff) + t.block_cycles;
   const double main_ns = double(waves) * double(per_sm) * block_cycles / 1.7;  // ~1.7 GHz
   const double out_bytes = 16.0 * double(c) * double(d);  // 4 planes of FP32 partials
   const bool reduce = S > 1 || t.always_reduce;

@@ -14,9 +14,11 @@
 // the attribute gets a plain launch.
 //
 // Host side: launch_maybe_pdl sets the attribute on devices of compute capability 9.0 and later unless
-// FLASH_EQLINEAR_PDL=0 (the switch to time or debug without it; read at each launch).
+// FLASH_EQLINEAR_PDL=0 (the switch to time or debug without it; read at each launch; the capability is
+// queried once per device).
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -35,11 +37,14 @@ __device__ __forceinline__ void pdl_wait() {
 inline bool pdl_enabled(int dev) {
   const char* v = std::getenv("FLASH_EQLINEAR_PDL");
   if (v != nullptr && std::strcmp(v, "0") == 0) return false;
+  static int8_t known[64] = {};  // 0 unknown, 1 yes, -1 no (benign race: every writer writes the same)
+  if (dev >= 0 && dev < 64 && known[dev] != 0) return known[dev] == 1;
   int major = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
+  if (dev >= 0 && dev < 64) known[dev] = major >= 9 ? 1 : -1;
   return major >= 9;
 }
 
