@@ -138,9 +138,10 @@ for dtype in (torch.float16, torch.bfloat16, torch.float32) if "hopper" in DIREC
             assert rel_err(yk, yref) < tol, ("hopper xf", dtype, M, c, d)
 torch.backends.cuda.matmul.allow_tf32 = False
 # The inference forward's GEMM form with the complex pair as three products (from c d >= 2^20 with TF32,
-# 2^22 in fp16 / bf16): its five-block group DFT, strided GEMMs and three-product inverse DFT; ragged c, d.
+# 2^22 in fp16 / bf16): its five-block group DFT, strided GEMMs and three-product inverse DFT; ragged c, d;
+# row chunks.
 GAUSS_CASES = [
-    (torch.float32, [(65, 1031, 1031), (3, 1024, 1030)]),
+    (torch.float32, [(65, 1031, 1031), (3, 1024, 1030), (7000, 2048, 2048)]),  # the last: two row chunks
     (torch.float16, [(65, 2051, 2047)]),
     (torch.bfloat16, [(130, 2048, 2048)]),
 ]

@@ -112,6 +112,7 @@ void gemm_fp32_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
 // ones: |s/4| <= max |x|, and the plane combinations, formed in FP32 and rounded once, within max |P|.
 // 5/16 of the dense MACs instead of 6/16 for one more x-sized block written and read (H100, M = 32768:
 // benchmarks/README.md, v14).
+// With gauss, planes may also be gauss_planes(planes) already (5, d, c).
 void fourier_products_into(const at::Tensor& f, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
                            const char* what, bool adjoint = false, bool gauss = false) {
   TORCH_INTERNAL_ASSERT(!(adjoint && gauss), what, ": three products are the forward's only");
@@ -121,7 +122,7 @@ void fourier_products_into(const at::Tensor& f, const at::Tensor& planes, const 
   const auto b = [&](const at::Tensor& w) { return adjoint ? w : w.transpose(-2, -1); };
   // a0 and a2 as one strided-batched GEMM (one host call): [f0, f2] (batch stride k) times
   // [P0, P2] (planes 0 and 3, of gauss_planes 0 and 4) into [a0, a2] (batch stride n).
-  const at::Tensor w = gauss ? gauss_planes(planes) : planes;
+  const at::Tensor w = gauss && planes.size(0) == 4 ? gauss_planes(planes) : planes;
   const int64_t last = w.size(0) - 1;
   at::Tensor a02 = a.as_strided({2, M, n}, {n, nb * n, 1});
   gemm_fp32_out(a02, f.as_strided({2, M, k}, {k, nb * k, 1}),
@@ -176,6 +177,25 @@ at::Tensor fwd_gemm_form(const at::Tensor& x, const at::Tensor& planes, const at
   at::Tensor xf = std::get<0>(group_dft(aligned16(x), false, true, false, what, true, gauss));
   fourier_products_into(xf, planes, bias, y, what, false, gauss);
   return xf;
+}
+
+// The inference forward's GEMM form (x's planes not kept) in row chunks, so that its workspace (x's
+// planes and the FP32 products) stays under kGemmFormChunkBytes however large M is: 5 M (c + d)
+// floats at once for FP32 with three products would be 2.7 GB at M = 32768, c = d = 2048, and grow
+// with M. Chunks of at least 1024 rows (multiples of 128: 16-byte aligned row offsets) keep the
+// GEMMs large. With gauss, the five planes are made once for all chunks.
+constexpr int64_t kGemmFormChunkBytes = int64_t(512) << 20;
+void fwd_gemm_form_chunked(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
+                           const char* what, bool gauss) {
+  const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
+  const int64_t row_bytes = (gauss ? 5 : 4) * (c * x.element_size() + d * int64_t(sizeof(float)));
+  const int64_t rows = std::max<int64_t>(1024, kGemmFormChunkBytes / row_bytes / 128 * 128);
+  const at::Tensor w = gauss ? gauss_planes(planes) : planes;
+  for (int64_t r0 = 0; r0 < M; r0 += rows) {
+    const int64_t n = std::min(rows, M - r0);
+    at::Tensor yc = y.narrow(0, r0, n);
+    fwd_gemm_form(x.narrow(0, r0, n), w, bias, yc, what, gauss);
+  }
 }
 
 // How fp16 / bf16 plane products are computed (the forward, and grad_x where the weight gradient takes
@@ -370,14 +390,14 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
     if (c * d < kFusedTf32MaxCD) err = eq_linear_fwd_sm90_tf32(p, stream, &launched);
     TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: TF32 kernel launch failed (M=", num(M), ", c=", num(c),
                 ", d=", num(d), "): ", cudaGetErrorString(err));
-    if (!launched) fwd_gemm_form(xc, pc, b, y, "eq_linear_fwd (tf32)", c * d >= kGaussMinCDTf32);
+    if (!launched) fwd_gemm_form_chunked(xc, pc, b, y, "eq_linear_fwd (tf32)", c * d >= kGaussMinCDTf32);
     return y;
   }
   const ProductsForm form = products_form();
   const bool gemm_form = form == ProductsForm::kGemm || (form == ProductsForm::kAuto && c * d >= kGemmFwdMinCD);
   if (dtype != at::kFloat && gemm_form) {
     if (form == ProductsForm::kAuto && hopper_kernels_may_run(x) && fwd_sm90_16bit(xc, pc, b, y)) return y;
-    fwd_gemm_form(xc, pc, b, y, "eq_linear_fwd", c * d >= kGaussMinCD16);  // products_form
+    fwd_gemm_form_chunked(xc, pc, b, y, "eq_linear_fwd", c * d >= kGaussMinCD16);  // products_form
     return y;
   }
   switch (dtype) {

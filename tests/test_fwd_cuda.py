@@ -261,7 +261,8 @@ def test_fp32_three_product_error(tile, monkeypatch):
     # k2 = fR (PI - PR), k3 = fI (PR + PI), aR = k1 - k3, aI = k1 + k2. Their rounding error is that
     # of larger partial sums where aR cancels (fR PR = fI PI): x with fR = fI and planes with PI = PR
     # make aR ~ 0 from k1 ~ k3 ~ 2 fI PR. The error must stay within 3x of the four-product small4
-    # tile's on the same inputs, and under the FP32 bar, there and on plain random data.
+    # tile's on the same inputs, and under the FP32 bar, there and on plain random data; and on the
+    # cancelling aR alone (y0 = h aR without bias, P0 and P2; the whole y is dominated by aI).
     monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
     M, c, d = 2048, 256, 96
     x, planes, b = make(M, c, d, torch.float32, seed=7)
@@ -270,13 +271,38 @@ def test_fp32_three_product_error(tile, monkeypatch):
     adversarial = planes.clone()
     adversarial[2] = adversarial[1] * (1 + 1e-3 * torch.randn_like(adversarial[1]))  # PI ~ PR
     adversarial[0] = adversarial[3] = 0  # y from the complex term alone
-    for xx, pp in ((x, planes), (xq.view(M, 4 * c), adversarial)):
-        ref = fp64_reference(xx, pp, b)[0]
-        errs = {}
+    for xx, pp, bb in ((x, planes, b), (xq.view(M, 4 * c), adversarial, None)):
+        ref = fp64_reference(xx, pp, bb)[0]
+        errs, errs_ar = {}, {}
         for t in (tile, "small4"):
             monkeypatch.setenv("FLASH_EQLINEAR_FP32_TILE", t)
-            errs[t] = rel_l2(torch.ops.flash_eqlinear.eq_linear_fwd(xx, pp, b), ref)
+            y = torch.ops.flash_eqlinear.eq_linear_fwd(xx, pp, bb)
+            errs[t] = rel_l2(y, ref)
+            errs_ar[t] = rel_l2(y.view(M, d, 4)[..., 0], ref.view(M, d, 4)[..., 0])
         assert errs[tile] < 1e-5 and errs[tile] <= 3 * errs["small4"] + 1e-8, errs
+        assert errs_ar[tile] <= 3 * errs_ar["small4"] + 1e-8, errs_ar
+
+
+def test_fp32_weight_grad_three_product_cancellation():
+    # The exact-FP32 weight gradient takes the complex pair as three products. Where grad_PR cancels
+    # (x with fI = fR, grad_y with g3 ~ g1 - g0 + g2: the gradient's aR and aI parts opposite, so
+    # grad_PR ~ 1e-3 of grad_PI), its error on grad_PR stays within 3x of the four-product GEMM
+    # form's (exact FP32 cuBLAS GEMMs) against float64, and under the FP32 bar on the other planes.
+    M, c, d = 4096, 96, 80
+    x, planes, b = make(M, c, d, torch.float32, seed=11)
+    xq = x.view(M, c, 4).clone()
+    xq[..., 3] = xq[..., 0] - xq[..., 2] + xq[..., 1]  # fI = fR
+    g = torch.randn(M, d, 4, device=DEV, generator=torch.Generator(device=DEV).manual_seed(12))
+    g[..., 3] = (g[..., 1] - g[..., 0] + g[..., 2]) * (1 + 1e-3 * torch.randn_like(g[..., 0]))
+    xx, gg = xq.view(M, 4 * c), g.view(M, 4 * d)
+    _, want, _ = fp64_grads(xx, planes, b, gg)
+    assert want[1].norm() < 1e-2 * want[2].norm()  # the cancellation is there
+    errs = {}
+    for gemm in (False, True):
+        _, gp, _ = torch.ops.flash_eqlinear.eq_linear_bwd(gg, xx, planes, False, True, False, gemm)
+        errs[gemm] = [rel_l2(gp[i], want[i]) for i in range(4)]
+    assert errs[False][1] <= 3 * errs[True][1] + 1e-8, errs
+    assert max(errs[False][i] for i in (0, 2, 3)) < 1e-5, errs
 
 
 @pytest.mark.parametrize("c, tile", [(64, "small4"), (256, "small4"), (512, "big"), (1024, "big")])
@@ -683,6 +709,8 @@ def test_tf32_path(M, c, d, mode, sm90, allow_tf32, monkeypatch):
         (torch.float32, False, 129, 1025, 1026),
         (torch.float16, False, 64, 2048, 2050),
         (torch.bfloat16, False, 33, 2050, 2048),
+        (torch.float32, True, 7000, 2048, 2048),  # two row chunks (6528 + 472 rows)
+        (torch.float16, False, 9000, 2048, 2048),  # two row chunks (8704 + 296 rows)
     ],
     ids=str,
 )
@@ -691,7 +719,10 @@ def test_three_product_gemm_form(dtype, sm90, M, c, d, allow_tf32, monkeypatch):
     # with TF32 allowed) / 2^22 (fp16 / bf16): k1 = (s/4) PR, k2 = (fR/2) (PI - PR)/2, k3 = (fI/2) (PR +
     # PI)/2, s = fR + fI; the training forward, which keeps x's four planes, takes four. Both within 2x
     # of F.linear's error (TF32: or of 2^-11) on random data and where aR cancels (fR = fI, PI ~ PR),
-    # fp16 inputs near its range stay finite, and the two forms differ: the three-product one ran.
+    # fp16 inputs near its range stay finite (random ones, and fR = fI = 2 max |x| that puts s/4 at
+    # max |x|), and the two forms differ: the three-product one ran. The cancelling aR alone (y0
+    # without bias, P0 and P2) within 3x of the four-product form's error. The inference form runs in
+    # row chunks of at most 512 MB of workspace: the last two shapes take two.
     if not sm90:
         monkeypatch.setenv("FLASH_EQLINEAR_SM90", "0")
     x, planes, b = make(M, c, d, dtype, seed=c + d)
@@ -699,10 +730,12 @@ def test_three_product_gemm_form(dtype, sm90, M, c, d, allow_tf32, monkeypatch):
     xq[..., 3] = xq[..., 0] - xq[..., 2] + xq[..., 1]  # fI = fR
     adversarial = planes.clone()
     adversarial[2] = adversarial[1] * (1 + 1e-3 * torch.randn_like(adversarial[1]))  # PI ~ PR
-    big = (x.float() / x.float().abs().max() * 3e4).to(dtype)
     cases = [(x, planes), (xq.view(M, 4 * c).to(dtype), adversarial)]
     if dtype != torch.float32:
-        cases.append((big, planes))
+        cases.append(((x.float() / x.float().abs().max() * 3e4).to(dtype), planes))
+        sign = torch.randint(0, 2, (M, c, 1), device=DEV).float() * 2 - 1
+        edge = sign * torch.tensor([6e4, -6e4, -6e4, 6e4], device=DEV)  # fR = fI = 1.2e5, s/4 = 6e4
+        cases.append((edge.view(M, 4 * c).to(dtype), (planes.float() / 64).to(dtype)))
     for xx, pp in cases:
         y = torch.ops.flash_eqlinear.eq_linear_fwd(xx, pp, b)
         y4 = torch.ops.flash_eqlinear.eq_linear_fwd_xf(xx, pp, b)[0]
@@ -715,6 +748,12 @@ def test_three_product_gemm_form(dtype, sm90, M, c, d, allow_tf32, monkeypatch):
             lin = F.linear(xx, reference.dense_weight(w).float(), b.repeat_interleave(4))
             tol = 2 * max(rel_l2(lin, ref), 2.0**-11)
             assert rel_l2(got, ref) <= tol, (rel_l2(got, ref), tol)
+    xx, pp = cases[1][0], adversarial.clone()
+    pp[0] = pp[3] = 0
+    ref = fp64_reference(xx, pp, None)[0].view(M, d, 4)[..., 0]
+    y = torch.ops.flash_eqlinear.eq_linear_fwd(xx, pp, None).view(M, d, 4)[..., 0]
+    y4 = torch.ops.flash_eqlinear.eq_linear_fwd_xf(xx, pp, None)[0].view(M, d, 4)[..., 0]
+    assert rel_l2(y, ref) <= 3 * rel_l2(y4, ref) + 1e-8, (rel_l2(y, ref), rel_l2(y4, ref))
 
 
 @pytest.mark.parametrize("M, c, d", [(300, 512, 512), (129, 1025, 260), (2049, 256, 1024)])
