@@ -189,7 +189,9 @@ void fwd_gemm_form_chunked(const at::Tensor& x, const at::Tensor& planes, const 
                            const char* what, bool gauss) {
   const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
   const int64_t row_bytes = (gauss ? 5 : 4) * (c * x.element_size() + d * int64_t(sizeof(float)));
-  const int64_t rows = std::max<int64_t>(1024, kGemmFormChunkBytes / row_bytes / 128 * 128);
+  const char* ab = std::getenv("FLASH_EQLINEAR_CHUNK_MB");  // SCRATCH A/B
+  const int64_t cap = ab ? int64_t(std::atoll(ab)) << 20 : kGemmFormChunkBytes;
+  const int64_t rows = std::max<int64_t>(1024, cap / row_bytes / 128 * 128);
   const at::Tensor w = gauss ? gauss_planes(planes) : planes;
   for (int64_t r0 = 0; r0 < M; r0 += rows) {
     const int64_t n = std::min(rows, M - r0);

@@ -261,8 +261,10 @@ def test_fp32_three_product_error(tile, monkeypatch):
     # k2 = fR (PI - PR), k3 = fI (PR + PI), aR = k1 - k3, aI = k1 + k2. Their rounding error is that
     # of larger partial sums where aR cancels (fR PR = fI PI): x with fR = fI and planes with PI = PR
     # make aR ~ 0 from k1 ~ k3 ~ 2 fI PR. The error must stay within 3x of the four-product small4
-    # tile's on the same inputs, and under the FP32 bar, there and on plain random data; and on the
-    # cancelling aR alone (y0 = h aR without bias, P0 and P2; the whole y is dominated by aI).
+    # tile's on the same inputs, and under the FP32 bar, there and on plain random data. The method is
+    # stable normwise, not componentwise: on the cancelling aR alone (y0 = h aR without bias, P0 and
+    # P2, ~1e-3 of aI) its relative error measured 19x small4's (8.2e-4 against 4.3e-5, H100, aa27368),
+    # held here to 40x (FLASH_EQLINEAR_FP32_TILE=small4 keeps four products).
     monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
     M, c, d = 2048, 256, 96
     x, planes, b = make(M, c, d, torch.float32, seed=7)
@@ -280,7 +282,7 @@ def test_fp32_three_product_error(tile, monkeypatch):
             errs[t] = rel_l2(y, ref)
             errs_ar[t] = rel_l2(y.view(M, d, 4)[..., 0], ref.view(M, d, 4)[..., 0])
         assert errs[tile] < 1e-5 and errs[tile] <= 3 * errs["small4"] + 1e-8, errs
-        assert errs_ar[tile] <= 3 * errs_ar["small4"] + 1e-8, errs_ar
+        assert errs_ar[tile] <= 40 * errs_ar["small4"] + 1e-8, errs_ar
 
 
 def test_fp32_weight_grad_three_product_cancellation():
