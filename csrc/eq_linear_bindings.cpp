@@ -181,17 +181,18 @@ at::Tensor fwd_gemm_form(const at::Tensor& x, const at::Tensor& planes, const at
 
 // The inference forward's GEMM form (x's planes not kept) in row chunks, so that its workspace (x's
 // planes and the FP32 products) stays under kGemmFormChunkBytes however large M is: 5 M (c + d)
-// floats at once for FP32 with three products would be 2.7 GB at M = 32768, c = d = 2048, and grow
-// with M. Chunks of at least 1024 rows (multiples of 128: 16-byte aligned row offsets) keep the
-// GEMMs large. With gauss, the five planes are made once for all chunks.
-constexpr int64_t kGemmFormChunkBytes = int64_t(512) << 20;
+// floats at once for FP32 with three products, 2.7 GB at M = 32768, c = d = 2048, growing with M.
+// Chunks of at least 1024 rows (multiples of 128: 16-byte aligned row offsets) keep the GEMMs large.
+// With gauss, the five planes are made once for all chunks. Each chunk costs a tail: H100, M = 32768,
+// caps of 512 MB / 1 GB / 2 GB / none: TF32 1.95 / 1.88 / 1.84 / 1.84 ms at c = 1024, 5.79 / 5.74 /
+// 5.60 / 5.50 at c = 2048; fp16 (GEMM form forced) 1.24 / 1.16 / 1.16 / 1.15 at c = 1024
+// (benchmarks/README.md, v15). So 2 GB: one chunk for every benchmarked layer but TF32 at c = 2048 (two).
+constexpr int64_t kGemmFormChunkBytes = int64_t(2) << 30;
 void fwd_gemm_form_chunked(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
                            const char* what, bool gauss) {
   const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
   const int64_t row_bytes = (gauss ? 5 : 4) * (c * x.element_size() + d * int64_t(sizeof(float)));
-  const char* ab = std::getenv("FLASH_EQLINEAR_CHUNK_MB");  // SCRATCH A/B
-  const int64_t cap = ab ? int64_t(std::atoll(ab)) << 20 : kGemmFormChunkBytes;
-  const int64_t rows = std::max<int64_t>(1024, cap / row_bytes / 128 * 128);
+  const int64_t rows = std::max<int64_t>(1024, kGemmFormChunkBytes / row_bytes / 128 * 128);
   const at::Tensor w = gauss ? gauss_planes(planes) : planes;
   for (int64_t r0 = 0; r0 < M; r0 += rows) {
     const int64_t n = std::min(rows, M - r0);
