@@ -179,20 +179,33 @@ at::Tensor fwd_gemm_form(const at::Tensor& x, const at::Tensor& planes, const at
   return xf;
 }
 
-// The inference forward's GEMM form (x's planes not kept) in row chunks, so that its workspace (x's
-// planes and the FP32 products) stays under kGemmFormChunkBytes however large M is: 5 M (c + d)
-// floats at once for FP32 with three products, 2.7 GB at M = 32768, c = d = 2048, growing with M.
-// Chunks of at least 1024 rows (multiples of 128: 16-byte aligned row offsets) keep the GEMMs large.
-// With gauss, the five planes are made once for all chunks. Each chunk costs a tail: H100, M = 32768,
-// caps of 512 MB / 1 GB / 2 GB / none: TF32 1.95 / 1.88 / 1.84 / 1.84 ms at c = 1024, 5.79 / 5.74 /
-// 5.60 / 5.50 at c = 2048; fp16 (GEMM form forced) 1.24 / 1.16 / 1.16 / 1.15 at c = 1024
-// (benchmarks/README.md, v15). So 2 GB: one chunk for every benchmarked layer but TF32 at c = 2048 (two).
-constexpr int64_t kGemmFormChunkBytes = int64_t(2) << 30;
+// Rows per chunk of the GEMM forms' row-chunked passes (the inference forward, grad_x) for row_bytes
+// of workspace per row: at most FLASH_EQLINEAR_WORKSPACE_MB (default 2048) MB at once, however large M
+// is, in chunks of at least 1024 rows (multiples of 128: 16-byte aligned row offsets; the GEMMs stay
+// large). Each chunk costs a tail: H100, M = 32768, caps of 512 MB / 1 GB / 2 GB / none: TF32 1.95 /
+// 1.88 / 1.84 / 1.84 ms at c = 1024, 5.79 / 5.74 / 5.60 / 5.50 at c = 2048; fp16 (GEMM form forced)
+// 1.24 / 1.16 / 1.16 / 1.15 at c = 1024 (benchmarks/README.md, v15). So 2 GB by default: one chunk
+// for every benchmarked layer but TF32 at c = 2048 (two).
+int64_t gemm_form_chunk_rows(int64_t row_bytes) {
+  int64_t mb = 2048;
+  if (const char* v = std::getenv("FLASH_EQLINEAR_WORKSPACE_MB"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    mb = std::strtoll(v, &end, 10);
+    TORCH_CHECK(*end == '\0' && mb > 0 && mb < (int64_t(1) << 40),
+                "FLASH_EQLINEAR_WORKSPACE_MB must be a positive number of megabytes, got '", v, "'");
+  }
+  return std::max<int64_t>(1024, (mb << 20) / row_bytes / 128 * 128);
+}
+
+// The inference forward's GEMM form (x's planes not kept) in row chunks (gemm_form_chunk_rows): its
+// workspace, x's planes and the FP32 products, would otherwise be 5 M (c + d) floats at once for FP32
+// with three products, 2.7 GB at M = 32768, c = d = 2048, growing with M. With gauss, the five planes
+// are made once for all chunks.
 void fwd_gemm_form_chunked(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
                            const char* what, bool gauss) {
   const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
-  const int64_t row_bytes = (gauss ? 5 : 4) * (c * x.element_size() + d * int64_t(sizeof(float)));
-  const int64_t rows = std::max<int64_t>(1024, kGemmFormChunkBytes / row_bytes / 128 * 128);
+  const int64_t rows =
+      gemm_form_chunk_rows((gauss ? 5 : 4) * (c * x.element_size() + d * int64_t(sizeof(float))));
   const at::Tensor w = gauss ? gauss_planes(planes) : planes;
   for (int64_t r0 = 0; r0 < M; r0 += rows) {
     const int64_t n = std::min(rows, M - r0);
@@ -551,9 +564,15 @@ void bwd_from_planes(const at::Tensor& gy, const at::Tensor& gf_made, const at::
   const int elem = static_cast<int>(gy.element_size());
   const bool bf16 = gy.scalar_type() == at::kBFloat16;
   cudaError_t err = cudaSuccess;
-  if (gx_gemm) {
+  if (gx_gemm) {  // in row chunks: the FP32 products, 4 M c floats, are the workspace
     gx = at::empty({M, 4 * c}, gy.options());
-    if (M > 0) fourier_products_into(gf, planes.contiguous(), at::Tensor(), gx, "eq_linear_bwd (grad_x)", true);
+    const at::Tensor pc = planes.contiguous();
+    const int64_t rows = gemm_form_chunk_rows(4 * c * int64_t(sizeof(float)));
+    for (int64_t r0 = 0; r0 < M; r0 += rows) {
+      const int64_t n = std::min(rows, M - r0);
+      at::Tensor gxc = gx.narrow(0, r0, n);
+      fourier_products_into(gf.narrow(0, r0, n), pc, at::Tensor(), gxc, "eq_linear_bwd (grad_x)", true);
+    }
   }
   if (needs_p) {
     const at::Tensor xf = kept ? t.contiguous()

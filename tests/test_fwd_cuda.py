@@ -653,6 +653,38 @@ def test_grad_x_forms(M, c, d, dtype, sm90, form, monkeypatch):
     check_grads([t.grad for t in leaves], x, planes, b, g, dtype, ROUNDOFF[dtype] / 8)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("M, c, d", [(3000, 512, 512), (2000, 264, 1000)])
+def test_gemm_forms_in_row_chunks(M, c, d, dtype, allow_tf32, monkeypatch):
+    # The GEMM forms' passes over rows (the inference forward; grad_x from grad_y's planes) run in
+    # chunks of at least 1024 rows whose workspace stays under FLASH_EQLINEAR_WORKSPACE_MB (8 MB here:
+    # 2-3 chunks; 16-bit with the GEMM form forced, FP32 with TF32). Forward and all three gradients
+    # within 2x F.linear's error (TF32: or 2^-11) against float64, as unchunked; a bad setting raises.
+    from flash_eqlinear import ops
+
+    monkeypatch.setattr(ops, "WEIGHT_GRAD", "gemm")
+    monkeypatch.setenv("FLASH_EQLINEAR_PRODUCTS", "gemm")
+    monkeypatch.setenv("FLASH_EQLINEAR_SM90", "0")  # TF32: the GEMM form, not the fused kernel
+    x, planes, b = make(M, c, d, dtype, seed=M + c)
+    g = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
+    op = torch.ops.flash_eqlinear.eq_linear_fwd
+    for mb in ("8", "100000"):
+        monkeypatch.setenv("FLASH_EQLINEAR_WORKSPACE_MB", mb)
+        names = launched_kernels(lambda: op(x, planes, b))
+        assert sum("group_idft" in n for n in names) == (2 if c == 264 else 3) ** (mb == "8"), names
+        leaves = [t.detach().clone().requires_grad_() for t in (x, planes, b)]
+        y = fe.flash_eq_linear(*leaves)
+        y.backward(g)
+        floor = 2.0**-11 if dtype == torch.float32 else ROUNDOFF[dtype] / 8
+        ref, w = fp64_reference(x, planes, b)
+        lin = F.linear(x, reference.dense_weight(w).to(dtype), b.repeat_interleave(4))
+        assert rel_l2(y, ref) <= 2 * max(rel_l2(lin, ref), floor), (rel_l2(y, ref), rel_l2(lin, ref))
+        check_grads([t.grad for t in leaves], x, planes, b, g, dtype, floor)
+    monkeypatch.setenv("FLASH_EQLINEAR_WORKSPACE_MB", "lots")
+    with pytest.raises(RuntimeError, match="FLASH_EQLINEAR_WORKSPACE_MB"):
+        op(x, planes, b)
+
+
 @pytest.fixture
 def allow_tf32():
     prev = torch.backends.cuda.matmul.allow_tf32
@@ -711,8 +743,8 @@ def test_tf32_path(M, c, d, mode, sm90, allow_tf32, monkeypatch):
         (torch.float32, False, 129, 1025, 1026),
         (torch.float16, False, 64, 2048, 2050),
         (torch.bfloat16, False, 33, 2050, 2048),
-        (torch.float32, True, 26200, 2048, 2048),  # two row chunks (26112 + 88 rows)
-        (torch.float16, False, 35000, 2048, 2048),  # two row chunks (34944 + 56 rows)
+        (torch.float32, True, 3000, 2048, 2048),  # 64 MB of workspace: three row chunks
+        (torch.float16, False, 3000, 2048, 2048),
     ],
     ids=str,
 )
@@ -724,7 +756,9 @@ def test_three_product_gemm_form(dtype, sm90, M, c, d, allow_tf32, monkeypatch):
     # fp16 inputs near its range stay finite (random ones, and fR = fI = 2 max |x| that puts s/4 at
     # max |x|), and the two forms differ: the three-product one ran. The cancelling aR alone (y0
     # without bias, P0 and P2) within 3x of the four-product form's error. The inference form runs in
-    # row chunks of at most 2 GB of workspace: the last two shapes take two.
+    # row chunks of workspace (here at most 64 MB, FLASH_EQLINEAR_WORKSPACE_MB): the last two shapes
+    # take three (1024, 1024 and 952 rows).
+    monkeypatch.setenv("FLASH_EQLINEAR_WORKSPACE_MB", "64")
     if not sm90:
         monkeypatch.setenv("FLASH_EQLINEAR_SM90", "0")
     x, planes, b = make(M, c, d, dtype, seed=c + d)
