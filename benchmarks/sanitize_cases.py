@@ -103,7 +103,11 @@ for dtype in (torch.float16, torch.bfloat16) if "gemm" in DIRECTIONS else ():
     for M, c, d in GEMM_SHAPES:
         x, planes, b = layer(M, c, d, dtype)
         gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
-        with env_switch("FLASH_EQLINEAR_PRODUCTS", "gemm"), env_switch("FLASH_EQLINEAR_NARROW", "0"):
+        with (
+            env_switch("FLASH_EQLINEAR_PRODUCTS", "gemm"),
+            env_switch("FLASH_EQLINEAR_NARROW", "0"),
+            env_switch("FLASH_EQLINEAR_WORKSPACE_MB", "1"),  # row chunks of 1024 (6000 rows: six)
+        ):
             y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
             gx, gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd(gy, x, planes, True, True, True, True)
         yref = fp64_forward(x, planes, b)
@@ -141,7 +145,7 @@ torch.backends.cuda.matmul.allow_tf32 = False
 # 2^22 in fp16 / bf16): its five-block group DFT, strided GEMMs and three-product inverse DFT; ragged c, d;
 # row chunks.
 GAUSS_CASES = [
-    (torch.float32, [(65, 1031, 1031), (3, 1024, 1030), (26200, 2048, 2048)]),  # the last: two row chunks
+    (torch.float32, [(65, 1031, 1031), (3, 1024, 1030), (3000, 2048, 2048)]),  # the last: three row chunks
     (torch.float16, [(65, 2051, 2047)]),
     (torch.bfloat16, [(130, 2048, 2048)]),
 ]
@@ -149,7 +153,7 @@ for dtype, shapes in GAUSS_CASES if "gauss" in DIRECTIONS else ():
     torch.backends.cuda.matmul.allow_tf32 = dtype == torch.float32
     for M, c, d in shapes:
         x, planes, b = layer(M, c, d, dtype)
-        with env_switch("FLASH_EQLINEAR_PRODUCTS", "gemm"):
+        with env_switch("FLASH_EQLINEAR_PRODUCTS", "gemm"), env_switch("FLASH_EQLINEAR_WORKSPACE_MB", "64"):
             y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
         tol = 5e-3 if dtype == torch.float32 else TOL[dtype]
         assert rel_err(y, fp64_forward(x, planes, b)) < tol, ("gauss", dtype, M, c, d)
