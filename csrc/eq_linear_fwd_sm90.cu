@@ -84,7 +84,6 @@ namespace flash_eqlinear {
 namespace {
 
 constexpr int kBM = 128, kBN = 64, kStages = 4;
-// kN: output channels per tile, kBN (64) or 80 (the plain variant; SCRATCH A/B).
 // Channels per stage: a stage holds 64-byte plane rows and two 128-byte x rows per tile row whatever
 // the element type, so 32 channels of fp16 / bf16 and 16 of float (TF32). Each k step (k16 of 16-bit
 // wgmma, k8 of TF32) covers 32 bytes of a plane row and one 128-byte x sub-tile: the byte layout,
@@ -93,13 +92,9 @@ template <class T>
 constexpr int kBK = 64 / int(sizeof(T));
 constexpr int kConsumerWarps = 8, kThreads = 128 + 32 * kConsumerWarps;
 constexpr uint32_t kXSub = kBM * 128;          // one 16-channel x sub-tile: 16 KB
-template <int kN>
-constexpr uint32_t kPlaneN = kN * 64;  // one plane tile: 4 KB at kN = 64 (whole 512-byte swizzle atoms)
-template <int kN>
-constexpr uint32_t kStageBytesN = 2 * kXSub + 4 * kPlaneN<kN>;  // multiples of 1024
-template <int kN>
-constexpr int kSmemN = kStages * kStageBytesN<kN> + 2 * kStages * 8 + 1024;  // + barriers + alignment slack
-constexpr uint32_t kStageBytes = kStageBytesN<kBN>;
+constexpr uint32_t kPlane = kBN * 64;           // one plane tile: 4 KB
+constexpr uint32_t kStageBytes = 2 * kXSub + 4 * kPlane;
+constexpr int kSmem = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers + alignment slack
 // The xf-writing variant: a second copy of the x tile of each stage it writes, in a buffer of its own
 // (1024-aligned after the barrier area, which then also holds its two barriers): 226 KB of the 227.
 constexpr uint32_t kXfBufOffset = kStages * kStageBytes + 1024;
@@ -126,12 +121,12 @@ static_assert(eq_linear_fwd_sm90_sum_rows(1) == kXfWarps && eq_linear_fwd_sm90_s
 // p.group_m m tiles, each walked n group by n group; CTA rank of a cluster of kCl takes n tile
 // kCl * n group + rank (past d with an odd count: planes arrive as zeros, nothing is stored).
 // (A template only so that targets without the kernel body, which never call it, do not warn.)
-template <int kCl, int kN, class P>
+template <int kCl, class P>
 __device__ __forceinline__ void tile_origin(const P& p, int tile, int rank, int& m0, int& n0) {
   int m_tile, n_group;
   grouped_tile(tile, p.num_m, p.num_ng, m_tile, n_group, p.group_m);  // 32-bit: the host bounds the count
   m0 = m_tile * kBM;
-  n0 = (n_group * kCl + rank) * kN;
+  n0 = (n_group * kCl + rank) * kBN;
 }
 
 // TF32 counterpart of xform_h2: one channel's 4 group values (FP32) -> its F0, FR, FI, F2 fragment
@@ -157,7 +152,7 @@ __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t
 }
 
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
-template <class T, int kCl, int kN>
+template <class T, int kCl>
 __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
                                         int num_tiles) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -167,7 +162,6 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
   const int row = (warp - 4) * 16 + rg;  // tile row of regs 0/2; +8 for regs 1/3
   // The row's 16-byte chunks of channels 2t, 2t+1 (k lo) and 2t+8, 2t+9 (k hi), swizzled
   const uint32_t x_lo = row * 128 + ((t ^ rg) << 4), x_hi = row * 128 + (((t + 4) ^ rg) << 4);
-  constexpr uint32_t kStage = kStageBytesN<kN>, kPlane = kPlaneN<kN>;
   const uint64_t desc0 = wgmma_desc_sw64(base + 2 * kXSub);  // stage 0, plane P0, k16 step 0
   const int KT = p.k_tiles;
   const T* bias = static_cast<const T*>(p.bias);
@@ -183,22 +177,22 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
   };
   for (int tile = blockIdx.x / kCl; tile < num_tiles; tile += gridDim.x / kCl) {
     int m0, n0;
-    tile_origin<kCl, kN>(p, tile, kCl > 1 ? static_cast<int>(cluster_ctarank()) : 0, m0, n0);
+    tile_origin<kCl>(p, tile, kCl > 1 ? static_cast<int>(cluster_ctarank()) : 0, m0, n0);
     // The tile's bias pairs (o, o+1) for o = n0 + 8 j + 2 t, loaded now: their latency hides behind
     // the main loop instead of stalling the epilogue. (TF32's float2 pairs too: loaded in the epilogue
     // they measured 2-5% slower at c = 32 .. 2048, benchmarks/README.md v13.)
     using BiasPair = std::conditional_t<sizeof(T) == 2, uint32_t, float2>;
-    BiasPair bias2[kN / 8];
+    BiasPair bias2[8];
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
+    for (int j = 0; j < 8; ++j) {
       const int o = n0 + 8 * j + 2 * t;
       bias2[j] = (bias != nullptr && o < p.d) ? __ldg(reinterpret_cast<const BiasPair*>(bias + o)) : BiasPair{};
     }
-    float acc[4][kN / 8][4];  // sets: 0 = a0, 1 = a2, 2 = aR, 3 = aI; [n8 block][C fragment]
+    float acc[4][8][4];  // sets: 0 = a0, 1 = a2, 2 = aR, 3 = aI; [n8 block][C fragment]
 #pragma unroll
     for (int s = 0; s < 4; ++s)
 #pragma unroll
-      for (int j = 0; j < kN / 8; ++j)
+      for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[s][j][r] = 0.f;
 
@@ -214,8 +208,8 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
       w[3] = lds128(xs + x_hi + 8 * 128);
     };
     mbar_wait(full_bar + 8 * (it % kStages), (it / kStages) & 1);
-    load_x(v[0], base + (it % kStages) * kStage);
-    load_x(v[1], base + (it % kStages) * kStage + kXSub);
+    load_x(v[0], base + (it % kStages) * kStageBytes);
+    load_x(v[1], base + (it % kStages) * kStageBytes + kXSub);
     for (int kt = 0; kt < KT; ++kt, ++it) {
       const int s = it % kStages;
 #pragma unroll
@@ -228,20 +222,20 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
           else
             xform_tf32(v[ks][r], f[0][r], f[1][r], f[2][r], f[3][r]);
         }
-        const uint64_t dk = desc0 + ((s * kStage + ks * 32) >> 4);
+        const uint64_t dk = desc0 + ((s * kStageBytes + ks * 32) >> 4);
         const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
         wgmma_fence();
-        wgmma_m64n64_rs<T, 1, kN>(acc[2], f[1], dr);
-        wgmma_m64n64_rs<T, 1, kN>(acc[3], f[1], di);
-        wgmma_m64n64_rs<T, 1, kN>(acc[0], f[0], d0);
-        wgmma_m64n64_rs<T, 1, kN>(acc[1], f[3], d2);
-        wgmma_m64n64_rs<T, -1, kN>(acc[2], f[2], di);
-        wgmma_m64n64_rs<T, 1, kN>(acc[3], f[2], dr);
+        wgmma_m64n64_rs<T, 1>(acc[2], f[1], dr);
+        wgmma_m64n64_rs<T, 1>(acc[3], f[1], di);
+        wgmma_m64n64_rs<T, 1>(acc[0], f[0], d0);
+        wgmma_m64n64_rs<T, 1>(acc[1], f[3], d2);
+        wgmma_m64n64_rs<T, -1>(acc[2], f[2], di);
+        wgmma_m64n64_rs<T, 1>(acc[3], f[2], dr);
         wgmma_commit();
         if (kt + 1 < KT) {  // v[ks] is in f now: load this step's sub-tile of the next k tile
           const uint32_t next = (it + 1) % kStages;
           if (ks == 0) mbar_wait(full_bar + 8 * next, ((it + 1) / kStages) & 1);
-          load_x(v[ks], base + next * kStage + ks * kXSub);
+          load_x(v[ks], base + next * kStageBytes + ks * kXSub);
         }
         wgmma_wait<1>();  // the previous step's group has retired: its A buffer (and stage) are free
 #pragma unroll
@@ -261,7 +255,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
 
     // ---- epilogue ----
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
+    for (int j = 0; j < 8; ++j) {
       const int o = n0 + 8 * j + 2 * t;
       if (o >= p.d) continue;  // d even: o + 1 < d too
       float2 bo2;
@@ -306,7 +300,7 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uin
   uint32_t wi = 0;  // x tiles written so far (as the producer counts its loads into xbuf)
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     int m0, n0;
-    tile_origin<1, kBN>(p, tile, 0, m0, n0);
+    tile_origin<1>(p, tile, 0, m0, n0);
     const int rows = static_cast<int>(std::min<int64_t>(kBM, p.M - m0));
     // this warp's f0 sums of the row tile: row (m0 / kBM) kXfWarps + wt / 32 of xf_sums
     const int64_t sums_row = m0 / kBM * kXfWarps + wt / 32;
@@ -355,19 +349,17 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uin
 // kCl = 2 (plain variant only): clusters of two CTAs on the same m tile and adjacent n tiles. Each
 // producer loads one of a stage's two x sub-tiles and multicasts it to both CTAs, so x is read from
 // L2 once per pair; each releases a stage only when the consumers of both CTAs have read it.
-template <class T, bool kXf, int kCl = 1, int kN = kBN>
+template <class T, bool kXf, int kCl = 1>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
                           const Sm90Params p) {
 #ifdef FLASH_EQLINEAR_WGMMA
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need aligned bases
-  constexpr uint32_t kStage = kStageBytesN<kN>;
-  const uint32_t full_bar = base + kStages * kStage, empty_bar = full_bar + 8 * kStages;
+  const uint32_t full_bar = base + kStages * kStageBytes, empty_bar = full_bar + 8 * kStages;
   const uint32_t xfull = empty_bar + 8 * kStages, xempty = xfull + 8, xbuf = base + kXfBufOffset;  // kXf only
   const int num_tiles = p.num_m * p.num_ng;  // steps of the walk (one per cluster)
   static_assert(kCl == 1 || (kCl == 2 && !kXf), "clusters of two, plain variant only");
-  static_assert(kN == kBN || !kXf, "wider tiles: plain variant only");
   const int rank = kCl == 1 ? 0 : static_cast<int>(cluster_ctarank());
 
   constexpr bool writes_xf = kXf && sizeof(T) == 2;
@@ -400,12 +392,12 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
       uint32_t wi = 0;  // x tiles loaded into the writers' buffer so far
       for (int tile = blockIdx.x / kCl; tile < num_tiles; tile += gridDim.x / kCl) {
         int m0, n0;
-        tile_origin<kCl, kN>(p, tile, rank, m0, n0);
+        tile_origin<kCl>(p, tile, rank, m0, n0);
         for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
           const int s = it % kStages;
           if (it >= kStages) mbar_wait(empty_bar + 8 * s, ((it / kStages) - 1) & 1);
-          const uint32_t st = base + s * kStage, bar = full_bar + 8 * s;
-          mbar_arrive_expect_tx(bar, kStage);  // with a cluster, one x sub-tile from the partner
+          const uint32_t st = base + s * kStageBytes, bar = full_bar + 8 * s;
+          mbar_arrive_expect_tx(bar, kStageBytes);  // with a cluster, one x sub-tile from the partner
           if constexpr (kCl == 1) {
             tma_load_2d(st, &tm_x, kt * kBK<T> * 4, m0, bar);
             tma_load_2d(st + kXSub, &tm_x, kt * kBK<T> * 4 + 2 * kBK<T>, m0, bar);
@@ -425,7 +417,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     }
   } else {
     setmaxnreg_inc<kXf ? 224 : 240>();
-    consume<T, kCl, kN>(p, base, full_bar, empty_bar, num_tiles);
+    consume<T, kCl>(p, base, full_bar, empty_bar, num_tiles);
     // No CTA exits while its partner may still write to it or arrive on its barriers: every multicast
     // into a CTA and every remote arrival precedes its partner's consumers' last wait or arrival.
     // (The cluster barrier waits for the threads that have not exited: the producer warps need not
@@ -495,12 +487,12 @@ bool sm90_clusters(int64_t c, int elem_bytes) {
   return elem_bytes == 2 && c >= 512;
 }
 
-template <class T, int kN>
-cudaError_t launch_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
+template <class T>
+cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   *launched = false;
   constexpr int kE = sizeof(T);
   if (!sm90_path_enabled() || p.M <= 0 || p.M > 0x7fffffff - kBM || (p.c * kE) % 16 != 0 || p.d % 2 != 0 ||
-      p.c > 0x3fffffff / 4 || p.d > 0x7fffffff - kN || !aligned16(p.x) || !aligned16(p.planes) || !aligned16(p.y) ||
+      p.c > 0x3fffffff / 4 || p.d > 0x7fffffff - kBN || !aligned16(p.x) || !aligned16(p.planes) || !aligned16(p.y) ||
       reinterpret_cast<uintptr_t>(p.bias) % (2 * kE) != 0 || (p.xf != nullptr && (kE == 4 || !aligned16(p.xf))))
     return cudaSuccess;
   int dev = 0, major = 0, smem_optin = 0, num_sms = 0;
@@ -509,10 +501,10 @@ cudaError_t launch_sm90(const FwdParams& p, cudaStream_t stream, bool* launched)
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (e != cudaSuccess) return e;
-  const int smem = p.xf != nullptr ? kSmemXf : kSmemN<kN>;
+  const int smem = p.xf != nullptr ? kSmemXf : kSmem;
   if (major != 9 || smem_optin < smem || !runs_sm90a<T>(dev)) return cudaSuccess;
 
-  const int64_t num_m = (p.M + kBM - 1) / kBM, num_n = (p.d + kN - 1) / kN;
+  const int64_t num_m = (p.M + kBM - 1) / kBM, num_n = (p.d + kBN - 1) / kBN;
   if (num_m * num_n > 0x7fffffff - 1024) return cudaSuccess;  // int tile ids (+ the grid stride)
 
   CUtensorMap tm_x, tm_p;
@@ -521,7 +513,7 @@ cudaError_t launch_sm90(const FwdParams& p, cudaStream_t stream, bool* launched)
   const cuuint32_t x_box[2] = {128 / kE, kBM};
   const cuuint64_t p_dims[3] = {static_cast<cuuint64_t>(p.c), static_cast<cuuint64_t>(p.d), 4};
   const cuuint64_t p_strides[2] = {static_cast<cuuint64_t>(kE * p.c), static_cast<cuuint64_t>(kE * p.c * p.d)};
-  const cuuint32_t p_box[3] = {kBK<T>, kN, 4};
+  const cuuint32_t p_box[3] = {kBK<T>, kBN, 4};
   if (!encode(&tm_x, p.x, kE, 2, x_dims, x_strides, x_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
       !encode(&tm_p, p.planes, kE, 3, p_dims, p_strides, p_box, CU_TENSOR_MAP_SWIZZLE_64B))
     return cudaSuccess;  // no encoder (old driver) or a shape it rejects: the portable kernel runs
@@ -544,7 +536,7 @@ cudaError_t launch_sm90(const FwdParams& p, cudaStream_t stream, bool* launched)
   // once per group: groups of 8 m tiles read them a quarter as often.
   kp.group_m = 4 * kE * p.c * p.d <= (int64_t{32} << 20) ? 2 : 8;
   if (p.xf == nullptr && num_n > 1 && sm90_clusters(p.c, kE)) {  // clusters of two sharing x (the kernel, kCl)
-    auto kernel = eq_linear_fwd_sm90_kernel<T, false, 2, kN>;
+    auto kernel = eq_linear_fwd_sm90_kernel<T, false, 2>;
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     kp.num_ng = static_cast<int>((num_n + 1) / 2);
@@ -580,9 +572,7 @@ cudaError_t launch_sm90(const FwdParams& p, cudaStream_t stream, bool* launched)
     }
   }
   kp.num_ng = kp.num_n;
-  auto kernel = eq_linear_fwd_sm90_kernel<T, false, 1, kN>;
-  if constexpr (kN == kBN)
-    if (p.xf != nullptr) kernel = eq_linear_fwd_sm90_kernel<T, true>;
+  auto kernel = p.xf != nullptr ? eq_linear_fwd_sm90_kernel<T, true> : eq_linear_fwd_sm90_kernel<T, false>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_m * num_n, num_sms));
@@ -595,14 +585,6 @@ cudaError_t launch_sm90(const FwdParams& p, cudaStream_t stream, bool* launched)
 bool sm90_path_enabled() {
   const char* v = std::getenv("FLASH_EQLINEAR_SM90");
   return v == nullptr || std::strcmp(v, "0") != 0;
-}
-
-// SCRATCH A/B: FLASH_EQLINEAR_SM90_BN=80 (plain variant).
-template <class T>
-cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
-  const char* v = std::getenv("FLASH_EQLINEAR_SM90_BN");
-  if (p.xf == nullptr && v != nullptr && std::strcmp(v, "80") == 0) return launch_sm90<T, 80>(p, stream, launched);
-  return launch_sm90<T, kBN>(p, stream, launched);
 }
 
 cudaError_t eq_linear_fwd_sm90_fp16(const FwdParams& p, cudaStream_t stream, bool* launched) {

@@ -70,98 +70,58 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 __device__ __forceinline__ void reg_fence(uint32_t (&r)[4]) {
   asm volatile("" : "+r"(r[0]), "+r"(r[1]), "+r"(r[2]), "+r"(r[3])::"memory");
 }
-template <int J>
-__device__ __forceinline__ void reg_fence(float (&d)[J][4]) {
+__device__ __forceinline__ void reg_fence(float (&d)[8][4]) {
 #pragma unroll
-  for (int j = 0; j < J; ++j)
+  for (int j = 0; j < 8; ++j)
     asm volatile("" : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])::"memory");
 }
 
-// The accumulator operands of m64nN: N / 2 FP32 registers per thread, d[n8 block][C fragment].
-#define FLASH_EQLINEAR_WGMMA_D32 \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define FLASH_EQLINEAR_WGMMA_D40 \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
-  "%32, %33, %34, %35, %36, %37, %38, %39"
-#define FLASH_EQLINEAR_WGMMA_OPS32(d)  \
-      "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),    \
+#define FLASH_EQLINEAR_WGMMA_D                                                                     \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "    \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FLASH_EQLINEAR_WGMMA_D_OPS(d)                                                              \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),        \
       "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),    \
       "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),    \
       "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),    \
       "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),    \
       "+f"(d[7][2]), "+f"(d[7][3])
-#define FLASH_EQLINEAR_WGMMA_OPS40(d)  \
-      "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),    \
-      "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),    \
-      "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),    \
-      "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),    \
-      "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),    \
-      "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),    \
-      "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3])
-#define FLASH_EQLINEAR_WGMMA_IN "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(kScaleA)
 
-// d (64 x N per warpgroup, FP32; N = 64 or 80) += kScaleA * A (registers) * B (descriptor), one k step
-// of 32 bytes per row: k16 for fp16 / bf16, k8 for float (TF32: the tensor cores read the top 19 bits;
-// A is rounded to TF32 by the caller). The TF32 A fragment (a0..a3 = rows r, r + 8 at k = t, then at
+// d (64 x 64 per warpgroup, FP32) += kScaleA * A (registers) * B (descriptor), one k step of 32 bytes
+// per row: k16 for fp16 / bf16, k8 for float (TF32: the tensor cores read the top 19 bits; A is
+// rounded to TF32 by the caller). The TF32 A fragment (a0..a3 = rows r, r + 8 at k = t, then at
 // k = t + 4) has the 16-bit one's (row, 16-byte k chunk) structure, so callers build both alike.
-template <class T, int kScaleA, int N = 64>
-__device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b) {
+template <class T, int kScaleA>
+__device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
   static_assert(kScaleA == 1 || kScaleA == -1, "imm-scale-a is +1 or -1");
-  static_assert(N == 64 || N == 80, "m64n64 or m64n80");
-  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, float>,
-                "fp16, bf16 or float (TF32)");
 #ifdef FLASH_EQLINEAR_WGMMA
-  if constexpr (N == 64) {
-    if constexpr (std::is_same_v<T, __half>)
+  if constexpr (std::is_same_v<T, __half>) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" FLASH_EQLINEAR_WGMMA_D32 "}"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FLASH_EQLINEAR_WGMMA_D
                  ", {%32, %33, %34, %35}, %36, p, %38, 1, 0;\n}\n"
-                 : FLASH_EQLINEAR_WGMMA_OPS32(d)
-                 : FLASH_EQLINEAR_WGMMA_IN);
-    else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+                 : FLASH_EQLINEAR_WGMMA_D_OPS(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(kScaleA));
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" FLASH_EQLINEAR_WGMMA_D32 "}"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FLASH_EQLINEAR_WGMMA_D
                  ", {%32, %33, %34, %35}, %36, p, %38, 1, 0;\n}\n"
-                 : FLASH_EQLINEAR_WGMMA_OPS32(d)
-                 : FLASH_EQLINEAR_WGMMA_IN);
-    else
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {" FLASH_EQLINEAR_WGMMA_D32 "}"
-                 ", {%32, %33, %34, %35}, %36, p, %38, 1;\n}\n"
-                 : FLASH_EQLINEAR_WGMMA_OPS32(d)
-                 : FLASH_EQLINEAR_WGMMA_IN);
+                 : FLASH_EQLINEAR_WGMMA_D_OPS(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(kScaleA));
   } else {
-    if constexpr (std::is_same_v<T, __half>)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 {" FLASH_EQLINEAR_WGMMA_D40 "}"
-                 ", {%40, %41, %42, %43}, %44, p, %46, 1, 0;\n}\n"
-                 : FLASH_EQLINEAR_WGMMA_OPS40(d)
-                 : FLASH_EQLINEAR_WGMMA_IN);
-    else if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {" FLASH_EQLINEAR_WGMMA_D40 "}"
-                 ", {%40, %41, %42, %43}, %44, p, %46, 1, 0;\n}\n"
-                 : FLASH_EQLINEAR_WGMMA_OPS40(d)
-                 : FLASH_EQLINEAR_WGMMA_IN);
-    else
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n80k8.f32.tf32.tf32 {" FLASH_EQLINEAR_WGMMA_D40 "}"
-                 ", {%40, %41, %42, %43}, %44, p, %46, 1;\n}\n"
-                 : FLASH_EQLINEAR_WGMMA_OPS40(d)
-                 : FLASH_EQLINEAR_WGMMA_IN);
+    static_assert(std::is_same_v<T, float>, "fp16, bf16 or float (TF32)");
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 " FLASH_EQLINEAR_WGMMA_D
+                 ", {%32, %33, %34, %35}, %36, p, %38, 1;\n}\n"
+                 : FLASH_EQLINEAR_WGMMA_D_OPS(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(kScaleA));
   }
 #else
   (void)d, (void)a, (void)desc_b;
   __trap();
 #endif
 }
-#undef FLASH_EQLINEAR_WGMMA_D32
-#undef FLASH_EQLINEAR_WGMMA_D40
-#undef FLASH_EQLINEAR_WGMMA_OPS32
-#undef FLASH_EQLINEAR_WGMMA_OPS40
-#undef FLASH_EQLINEAR_WGMMA_IN
+#undef FLASH_EQLINEAR_WGMMA_D
+#undef FLASH_EQLINEAR_WGMMA_D_OPS
 
 // ---- mbarriers (shared::cta, 64-bit) and TMA loads completing on them ----------------------------
 // Plain sm_90 PTX, but only the sm_90a kernels use them: guarded like the wgmma wrappers.
