@@ -112,9 +112,11 @@ void gemm_fp32_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
 // ones: |s/4| <= max |x|, and the plane combinations, formed in FP32 and rounded once, within max |P|.
 // 5/16 of the dense MACs instead of 6/16 for one more x-sized block written and read (H100, M = 32768:
 // benchmarks/README.md, v14).
-// With gauss, planes may also be gauss_planes(planes) already (5, d, c).
+// With gauss, planes may also be gauss_planes(planes) already (5, d, c); without, cblock may be
+// complex_block(planes) already (callers that run row chunks make it once).
 void fourier_products_into(const at::Tensor& f, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
-                           const char* what, bool adjoint = false, bool gauss = false) {
+                           const char* what, bool adjoint = false, bool gauss = false,
+                           const at::Tensor& cblock = at::Tensor()) {
   TORCH_INTERNAL_ASSERT(!(adjoint && gauss), what, ": three products are the forward's only");
   const int64_t M = f.size(0), n = planes.size(adjoint ? 2 : 1), k = planes.size(adjoint ? 1 : 2);
   const int64_t nb = gauss ? 5 : 4;  // column blocks of f and a
@@ -132,7 +134,7 @@ void fourier_products_into(const at::Tensor& f, const at::Tensor& planes, const 
     gemm_fp32_out(a3, f.as_strided({3, M, k}, {k, 5 * k, 1}, f.storage_offset() + 2 * k), b(w.narrow(0, 1, 3)));
   } else {
     at::Tensor ari = a.narrow(1, 2 * n, 2 * n);
-    gemm_fp32_out(ari, f.narrow(1, 2 * k, 2 * k), b(complex_block(planes)));
+    gemm_fp32_out(ari, f.narrow(1, 2 * k, 2 * k), b(cblock.defined() ? cblock : complex_block(planes)));
   }
   inverse_dft_into(a, bias, y, what, !adjoint, gauss);
 }
@@ -173,16 +175,16 @@ std::tuple<at::Tensor, at::Tensor> group_dft(const at::Tensor& t, bool input, bo
 // With gauss (the inference forward: the planes are not kept), the complex pair as three products
 // (fourier_products_into) and x's planes with a fifth block, (M, 5c).
 at::Tensor fwd_gemm_form(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
-                         const char* what, bool gauss = false) {
+                         const char* what, bool gauss = false, const at::Tensor& cblock = at::Tensor()) {
   at::Tensor xf = std::get<0>(group_dft(aligned16(x), false, true, false, what, true, gauss));
-  fourier_products_into(xf, planes, bias, y, what, false, gauss);
+  fourier_products_into(xf, planes, bias, y, what, false, gauss, cblock);
   return xf;
 }
 
 // Rows per chunk of the GEMM forms' row-chunked passes (the inference forward, grad_x) for row_bytes
 // of workspace per row: at most FLASH_EQLINEAR_WORKSPACE_MB (default 2048) MB at once, however large M
-// is, in chunks of at least 1024 rows (multiples of 128: 16-byte aligned row offsets; the GEMMs stay
-// large). Each chunk costs a tail: H100, M = 32768, caps of 512 MB / 1 GB / 2 GB / none: TF32 1.95 /
+// is, in multiples of 128 rows (16-byte aligned row offsets) but never fewer than 1024 (the GEMMs stay
+// large; where 1024 rows alone need more than the cap, the chunks exceed it). Each chunk costs a tail: H100, M = 32768, caps of 512 MB / 1 GB / 2 GB / none: TF32 1.95 /
 // 1.88 / 1.84 / 1.84 ms at c = 1024, 5.79 / 5.74 / 5.60 / 5.50 at c = 2048; fp16 (GEMM form forced)
 // 1.24 / 1.16 / 1.16 / 1.15 at c = 1024 (benchmarks/README.md, v15). So 2 GB by default: one chunk
 // for every benchmarked layer but TF32 at c = 2048 (two).
@@ -200,17 +202,18 @@ int64_t gemm_form_chunk_rows(int64_t row_bytes) {
 // The inference forward's GEMM form (x's planes not kept) in row chunks (gemm_form_chunk_rows): its
 // workspace, x's planes and the FP32 products, would otherwise be 5 M (c + d) floats at once for FP32
 // with three products, 2.7 GB at M = 32768, c = d = 2048, growing with M. With gauss, the five planes
-// are made once for all chunks.
+// (or, with four, the complex block) are made once for all chunks.
 void fwd_gemm_form_chunked(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
                            const char* what, bool gauss) {
   const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
   const int64_t rows =
       gemm_form_chunk_rows((gauss ? 5 : 4) * (c * x.element_size() + d * int64_t(sizeof(float))));
   const at::Tensor w = gauss ? gauss_planes(planes) : planes;
+  const at::Tensor cblock = gauss || rows >= M ? at::Tensor() : complex_block(planes);
   for (int64_t r0 = 0; r0 < M; r0 += rows) {
     const int64_t n = std::min(rows, M - r0);
     at::Tensor yc = y.narrow(0, r0, n);
-    fwd_gemm_form(x.narrow(0, r0, n), w, bias, yc, what, gauss);
+    fwd_gemm_form(x.narrow(0, r0, n), w, bias, yc, what, gauss, cblock);
   }
 }
 
@@ -568,10 +571,12 @@ void bwd_from_planes(const at::Tensor& gy, const at::Tensor& gf_made, const at::
     gx = at::empty({M, 4 * c}, gy.options());
     const at::Tensor pc = planes.contiguous();
     const int64_t rows = gemm_form_chunk_rows(4 * c * int64_t(sizeof(float)));
+    const at::Tensor cblock = rows >= M ? at::Tensor() : complex_block(pc);
     for (int64_t r0 = 0; r0 < M; r0 += rows) {
       const int64_t n = std::min(rows, M - r0);
       at::Tensor gxc = gx.narrow(0, r0, n);
-      fourier_products_into(gf.narrow(0, r0, n), pc, at::Tensor(), gxc, "eq_linear_bwd (grad_x)", true);
+      fourier_products_into(gf.narrow(0, r0, n), pc, at::Tensor(), gxc, "eq_linear_bwd (grad_x)", true, false,
+                            cblock);
     }
   }
   if (needs_p) {

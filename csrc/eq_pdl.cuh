@@ -18,6 +18,7 @@
 // queried once per device).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -37,14 +38,17 @@ __device__ __forceinline__ void pdl_wait() {
 inline bool pdl_enabled(int dev) {
   const char* v = std::getenv("FLASH_EQLINEAR_PDL");
   if (v != nullptr && std::strcmp(v, "0") == 0) return false;
-  static int8_t known[64] = {};  // 0 unknown, 1 yes, -1 no (benign race: every writer writes the same)
-  if (dev >= 0 && dev < 64 && known[dev] != 0) return known[dev] == 1;
+  static std::atomic<int8_t> known[64] = {};  // 0 unknown, 1 yes, -1 no (every writer writes the same)
+  if (dev >= 0 && dev < 64) {
+    const int8_t k = known[dev].load(std::memory_order_relaxed);
+    if (k != 0) return k == 1;
+  }
   int major = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
-  if (dev >= 0 && dev < 64) known[dev] = major >= 9 ? 1 : -1;
+  if (dev >= 0 && dev < 64) known[dev].store(major >= 9 ? 1 : -1, std::memory_order_relaxed);
   return major >= 9;
 }
 

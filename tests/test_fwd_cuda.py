@@ -653,13 +653,21 @@ def test_grad_x_forms(M, c, d, dtype, sm90, form, monkeypatch):
     check_grads([t.grad for t in leaves], x, planes, b, g, dtype, ROUNDOFF[dtype] / 8)
 
 
+def gemm_form_chunks(M, row_bytes, mb):
+    """Row chunks of a GEMM-form pass with row_bytes of workspace per row under a cap of mb MB: chunks
+    of a multiple of 128 rows, at least 1024 (as eq_linear_bindings.cpp's gemm_form_chunk_rows)."""
+    rows = max(1024, (mb << 20) // row_bytes // 128 * 128)
+    return -(-M // rows)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("M, c, d", [(3000, 512, 512), (2000, 264, 1000)])
 def test_gemm_forms_in_row_chunks(M, c, d, dtype, allow_tf32, monkeypatch):
     # The GEMM forms' passes over rows (the inference forward; grad_x from grad_y's planes) run in
-    # chunks of at least 1024 rows whose workspace stays under FLASH_EQLINEAR_WORKSPACE_MB (8 MB here:
-    # 2-3 chunks; 16-bit with the GEMM form forced, FP32 with TF32). Forward and all three gradients
-    # within 2x F.linear's error (TF32: or 2^-11) against float64, as unchunked; a bad setting raises.
+    # chunks whose workspace stays under FLASH_EQLINEAR_WORKSPACE_MB where 1024 rows fit in it (8 MB:
+    # the 1024-row minimum; 20 MB: 1280-2560-row chunks; 16-bit with the GEMM form forced, FP32 with
+    # TF32). The chunk counts as computed; forward and all three gradients within 2x F.linear's error
+    # (TF32: or 2^-11) against float64, as unchunked; a bad setting raises.
     from flash_eqlinear import ops
 
     monkeypatch.setattr(ops, "WEIGHT_GRAD", "gemm")
@@ -668,17 +676,19 @@ def test_gemm_forms_in_row_chunks(M, c, d, dtype, allow_tf32, monkeypatch):
     x, planes, b = make(M, c, d, dtype, seed=M + c)
     g = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
     op = torch.ops.flash_eqlinear.eq_linear_fwd
-    for mb in ("8", "100000"):
-        monkeypatch.setenv("FLASH_EQLINEAR_WORKSPACE_MB", mb)
+    floor = 2.0**-11 if dtype == torch.float32 else ROUNDOFF[dtype] / 8
+    ref, w = fp64_reference(x, planes, b)
+    lin = F.linear(x, reference.dense_weight(w).to(dtype), b.repeat_interleave(4))
+    for mb in (8, 20, 100000):
+        monkeypatch.setenv("FLASH_EQLINEAR_WORKSPACE_MB", str(mb))
         names = launched_kernels(lambda: op(x, planes, b))
-        chunks = (2 if c == 264 else 3) if mb == "8" else 1
-        assert sum("group_idft" in n for n in names) == chunks, names
+        want = gemm_form_chunks(M, 4 * (c * x.element_size() + 4 * d), mb)
+        assert sum("group_idft" in n for n in names) == want, (mb, want, names)
         leaves = [t.detach().clone().requires_grad_() for t in (x, planes, b)]
         y = fe.flash_eq_linear(*leaves)
-        y.backward(g)
-        floor = 2.0**-11 if dtype == torch.float32 else ROUNDOFF[dtype] / 8
-        ref, w = fp64_reference(x, planes, b)
-        lin = F.linear(x, reference.dense_weight(w).to(dtype), b.repeat_interleave(4))
+        names = launched_kernels(lambda y=y: y.backward(g))
+        if dtype != torch.float32:  # grad_x from grad_y's planes: 4 c FP32 products per row
+            assert sum("group_idft" in n for n in names) == gemm_form_chunks(M, 16 * c, mb), (mb, names)
         assert rel_l2(y, ref) <= 2 * max(rel_l2(lin, ref), floor), (rel_l2(y, ref), rel_l2(lin, ref))
         check_grads([t.grad for t in leaves], x, planes, b, g, dtype, floor)
     monkeypatch.setenv("FLASH_EQLINEAR_WORKSPACE_MB", "lots")
@@ -744,7 +754,7 @@ def test_tf32_path(M, c, d, mode, sm90, allow_tf32, monkeypatch):
         (torch.float32, False, 129, 1025, 1026),
         (torch.float16, False, 64, 2048, 2050),
         (torch.bfloat16, False, 33, 2050, 2048),
-        (torch.float32, True, 3000, 2048, 2048),  # 64 MB of workspace: three row chunks
+        (torch.float32, True, 3000, 2048, 2048),  # three row chunks
         (torch.float16, False, 3000, 2048, 2048),
     ],
     ids=str,
@@ -757,8 +767,8 @@ def test_three_product_gemm_form(dtype, sm90, M, c, d, allow_tf32, monkeypatch):
     # fp16 inputs near its range stay finite (random ones, and fR = fI = 2 max |x| that puts s/4 at
     # max |x|), and the two forms differ: the three-product one ran. The cancelling aR alone (y0
     # without bias, P0 and P2) within 3x of the four-product form's error. The inference form runs in
-    # row chunks of workspace (here at most 64 MB, FLASH_EQLINEAR_WORKSPACE_MB): the last two shapes
-    # take three (1024, 1024 and 952 rows).
+    # row chunks (FLASH_EQLINEAR_WORKSPACE_MB = 64: the last two shapes take the 1024-row minimum, three
+    # chunks of 1024, 1024 and 952 rows).
     monkeypatch.setenv("FLASH_EQLINEAR_WORKSPACE_MB", "64")
     if not sm90:
         monkeypatch.setenv("FLASH_EQLINEAR_SM90", "0")
