@@ -112,26 +112,29 @@ void gemm_fp32_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
 // ones: |s/4| <= max |x|, and the plane combinations, formed in FP32 and rounded once, within max |P|.
 // 5/16 of the dense MACs instead of 6/16 for one more x-sized block written and read (H100, M = 32768:
 // benchmarks/README.md, v14).
-// With gauss, planes may also be gauss_planes(planes) already (5, d, c); without, cblock may be
-// complex_block(planes) already (callers that run row chunks make it once).
+// With gauss, planes are gauss_planes(planes) (5, d, c) (fwd_gemm_form_chunked makes them once for
+// its chunks); without, cblock may be complex_block(planes) already (made once for row chunks).
 void fourier_products_into(const at::Tensor& f, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
                            const char* what, bool adjoint = false, bool gauss = false,
                            const at::Tensor& cblock = at::Tensor()) {
   TORCH_INTERNAL_ASSERT(!(adjoint && gauss), what, ": three products are the forward's only");
+  TORCH_INTERNAL_ASSERT(planes.size(0) == (gauss ? 5 : 4), what, ": planes for ", gauss ? "three" : "four",
+                        " products");
   const int64_t M = f.size(0), n = planes.size(adjoint ? 2 : 1), k = planes.size(adjoint ? 1 : 2);
   const int64_t nb = gauss ? 5 : 4;  // column blocks of f and a
   at::Tensor a = at::empty({M, nb * n}, f.options().dtype(at::kFloat));
   const auto b = [&](const at::Tensor& w) { return adjoint ? w : w.transpose(-2, -1); };
   // a0 and a2 as one strided-batched GEMM (one host call): [f0, f2] (batch stride k) times
-  // [P0, P2] (planes 0 and 3, of gauss_planes 0 and 4) into [a0, a2] (batch stride n).
-  const at::Tensor w = gauss && planes.size(0) == 4 ? gauss_planes(planes) : planes;
-  const int64_t last = w.size(0) - 1;
+  // [P0, P2] (planes 0 and 3, of gauss_planes 0 and 4: the first and the last) into [a0, a2] (batch
+  // stride n).
   at::Tensor a02 = a.as_strided({2, M, n}, {n, nb * n, 1});
   gemm_fp32_out(a02, f.as_strided({2, M, k}, {k, nb * k, 1}),
-                b(w.as_strided({2, w.size(1), w.size(2)}, {last * w.stride(0), w.stride(1), 1})));
+                b(planes.as_strided({2, planes.size(1), planes.size(2)},
+                                    {(nb - 1) * planes.stride(0), planes.stride(1), 1})));
   if (gauss) {
     at::Tensor a3 = a.as_strided({3, M, n}, {n, 5 * n, 1}, a.storage_offset() + 2 * n);
-    gemm_fp32_out(a3, f.as_strided({3, M, k}, {k, 5 * k, 1}, f.storage_offset() + 2 * k), b(w.narrow(0, 1, 3)));
+    gemm_fp32_out(a3, f.as_strided({3, M, k}, {k, 5 * k, 1}, f.storage_offset() + 2 * k),
+                  b(planes.narrow(0, 1, 3)));
   } else {
     at::Tensor ari = a.narrow(1, 2 * n, 2 * n);
     gemm_fp32_out(ari, f.narrow(1, 2 * k, 2 * k), b(cblock.defined() ? cblock : complex_block(planes)));
@@ -173,7 +176,7 @@ std::tuple<at::Tensor, at::Tensor> group_dft(const at::Tensor& t, bool input, bo
 // and y-sized FP32 buffers (a workspace of 4 M (c + d) floats) buy cuBLAS's TF32 rate for the 6/16 of
 // the dense MACs; and for fp16 / bf16 as products_form says. `what` names the caller in errors.
 // With gauss (the inference forward: the planes are not kept), the complex pair as three products
-// (fourier_products_into) and x's planes with a fifth block, (M, 5c).
+// (fourier_products_into; planes = gauss_planes of the layer's) and x's planes with a fifth block, (M, 5c).
 at::Tensor fwd_gemm_form(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
                          const char* what, bool gauss = false, const at::Tensor& cblock = at::Tensor()) {
   at::Tensor xf = std::get<0>(group_dft(aligned16(x), false, true, false, what, true, gauss));
@@ -184,10 +187,11 @@ at::Tensor fwd_gemm_form(const at::Tensor& x, const at::Tensor& planes, const at
 // Rows per chunk of the GEMM forms' row-chunked passes (the inference forward, grad_x) for row_bytes
 // of workspace per row: at most FLASH_EQLINEAR_WORKSPACE_MB (default 2048) MB at once, however large M
 // is, in multiples of 128 rows (16-byte aligned row offsets) but never fewer than 1024 (the GEMMs stay
-// large; where 1024 rows alone need more than the cap, the chunks exceed it). Each chunk costs a tail: H100, M = 32768, caps of 512 MB / 1 GB / 2 GB / none: TF32 1.95 /
-// 1.88 / 1.84 / 1.84 ms at c = 1024, 5.79 / 5.74 / 5.60 / 5.50 at c = 2048; fp16 (GEMM form forced)
-// 1.24 / 1.16 / 1.16 / 1.15 at c = 1024 (benchmarks/README.md, v15). So 2 GB by default: one chunk
-// for every benchmarked layer but TF32 at c = 2048 (two).
+// large; where 1024 rows alone need more than the cap, the chunks exceed it). Each chunk costs a tail:
+// H100, M = 32768, caps of 512 MB / 1 GB / 2 GB / none: TF32 1.95 / 1.88 / 1.84 / 1.84 ms at c = 1024,
+// 5.79 / 5.74 / 5.60 / 5.50 at c = 2048; fp16 (GEMM form forced) 1.24 / 1.16 / 1.16 / 1.15 at c = 1024
+// (benchmarks/README.md, v15). So 2 GB by default: one chunk for every benchmarked layer but TF32 at
+// c = 2048 (two).
 int64_t gemm_form_chunk_rows(int64_t row_bytes) {
   int64_t mb = 2048;
   if (const char* v = std::getenv("FLASH_EQLINEAR_WORKSPACE_MB"); v != nullptr && *v != '\0') {
@@ -209,7 +213,7 @@ void fwd_gemm_form_chunked(const at::Tensor& x, const at::Tensor& planes, const 
   const int64_t rows =
       gemm_form_chunk_rows((gauss ? 5 : 4) * (c * x.element_size() + d * int64_t(sizeof(float))));
   const at::Tensor w = gauss ? gauss_planes(planes) : planes;
-  const at::Tensor cblock = gauss || rows >= M ? at::Tensor() : complex_block(planes);
+  const at::Tensor cblock = gauss ? at::Tensor() : complex_block(planes);
   for (int64_t r0 = 0; r0 < M; r0 += rows) {
     const int64_t n = std::min(rows, M - r0);
     at::Tensor yc = y.narrow(0, r0, n);
@@ -571,7 +575,7 @@ void bwd_from_planes(const at::Tensor& gy, const at::Tensor& gf_made, const at::
     gx = at::empty({M, 4 * c}, gy.options());
     const at::Tensor pc = planes.contiguous();
     const int64_t rows = gemm_form_chunk_rows(4 * c * int64_t(sizeof(float)));
-    const at::Tensor cblock = rows >= M ? at::Tensor() : complex_block(pc);
+    const at::Tensor cblock = complex_block(pc);
     for (int64_t r0 = 0; r0 < M; r0 += rows) {
       const int64_t n = std::min(rows, M - r0);
       at::Tensor gxc = gx.narrow(0, r0, n);
