@@ -15,10 +15,10 @@ SHAPES += [(17925, 16, 16)]  # more tiles than SMs: persistent blocks walk sever
 SHAPES += [(257, 20, 31), (1000, 32, 32), (4097, 16, 8)]  # the narrow kernel's other tiles
 SHAPES += [(5000, 40, 200), (20000, 3, 200)]  # FP32 tiled: more tiles than blocks (one k tile for c = 3)
 # Which ops: fwd, bwd, dft (group DFT), tiles (FP32 tiles), gemm (the 16-bit GEMM forms), gauss (the
-# three-product GEMM form), hopper (the Hopper forward alone, its clusters forced; not in the default
-# list); "quick": the weight-gradient set without its two largest shapes (racecheck runs each launch
-# ~100x slower).
-DIRECTIONS = sys.argv[1:] or ["fwd", "bwd", "dft", "tiles", "gemm", "gauss"]
+# three-product GEMM form), wgrad (the 16-bit weight gradient on shapes of its Hopper kernel), hopper
+# (the Hopper forward alone, its clusters forced; not in the default list); "quick": the weight-gradient
+# set without its two largest shapes (racecheck runs each launch ~100x slower).
+DIRECTIONS = sys.argv[1:] or ["fwd", "bwd", "dft", "tiles", "gemm", "gauss", "wgrad"]
 BWD_SHAPES = SHAPES + [(5000, 48, 59), (3000, 64, 128)]
 if "quick" in DIRECTIONS:
     BWD_SHAPES = [s for s in BWD_SHAPES if s[0] <= 5000]
@@ -86,6 +86,19 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16) if "bwd" in DIRECTIO
         for got, ref in ((gp, rp), (gb, rb), (gb_dft, rb)):
             err = rel_err(got, ref)
             assert err < TOL[dtype], ("bwd_weight", dtype, M, c, d, err)
+# The 16-bit weight gradient where its Hopper kernel runs (c, d even): ragged tiles, c < 64, several row
+# chunks, M off the 32-row k tile.
+WGRAD_SHAPES = [(1, 2, 2), (33, 16, 48), (4097, 48, 200), (3001, 130, 258), (700, 200, 1026), (9000, 66, 16)]
+for dtype in (torch.float16, torch.bfloat16) if "wgrad" in DIRECTIONS else ():
+    for M, c, d in WGRAD_SHAPES:
+        x = torch.randn(M, 4 * c, device="cuda", dtype=dtype)
+        gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
+        gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy)
+        zeros = torch.zeros(4, d, c, dtype=torch.float64, device="cuda")
+        _, rp, rb = reference.fourier_eq_linear_backward(gy.double(), x.double(), zeros, (False, True, True))
+        for got, ref in ((gp, rp), (gb, rb)):
+            err = rel_err(got, ref)
+            assert err < TOL[dtype], ("wgrad", dtype, M, c, d, err)
 # The GEMM forms with fp16 / bf16 plane products (FLASH_EQLINEAR_PRODUCTS=gemm): the forward (halved
 # group DFT, inverse DFT + bias into 16-bit) and the whole backward with grad_x from grad_y's planes;
 # pairs and single channels; the planes-keeping training forward and its backward.

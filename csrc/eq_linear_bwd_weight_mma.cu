@@ -46,12 +46,14 @@
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
 #include "eq_linear_bwd_weight.h"
+#include "eq_linear_bwd_weight_sm90.h"
 #include "eq_linear_bwd_weight_split.cuh"
 #include "eq_linear_mma_common.cuh"
 
@@ -332,8 +334,21 @@ cudaError_t device_info(int device, DeviceInfo& info) {
 
 bool use_bk32(const DeviceInfo& info) { return info.smem_optin >= WCfg32::kSmem; }
 
-split::Plan mma_plan(int64_t M, int64_t c, int64_t d, const DeviceInfo& info) {
-  return split::make_plan(M, c, d, info.sms, use_bk32(info) ? &kModel32 : &kModel16, 1);
+// The kernel (the Hopper one where it runs, else mma.sync) and its split plan; the workspace query and
+// the launch make the same choice.
+struct Choice {
+  split::Plan plan;
+  bool sm90 = false;
+  int64_t bias_parts = 1;  // bias partials per row chunk
+};
+
+Choice choose(int64_t M, int64_t c, int64_t d, const DeviceInfo& info, int dev) {
+  Choice ch;
+  ch.sm90 = eq_bwd_weight_sm90_eligible(M, c, d, dev);
+  const split::TileModel* model = ch.sm90 ? &kBwdWeightSm90Model : use_bk32(info) ? &kModel32 : &kModel16;
+  ch.plan = split::make_plan(M, c, d, info.sms, model, 1);
+  if (ch.sm90) ch.bias_parts = eq_bwd_weight_sm90_bias_parts(c);
+  return ch;
 }
 
 template <class T, class C, bool kFast>
@@ -365,9 +380,10 @@ cudaError_t bwd_weight_mma(const BwdWeightParams& p, cudaStream_t stream) {
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = device_info(dev, info);
   if (err != cudaSuccess) return err;
-  const split::Plan plan = mma_plan(p.M, p.c, p.d, info);
+  const Choice ch = choose(p.M, p.c, p.d, info, dev);
+  const split::Plan& plan = ch.plan;
   if (plan.S < 1) return cudaErrorInvalidConfiguration;
-  const size_t need = split::workspace_bytes(plan, true, p.c, p.d);
+  const size_t need = split::workspace_bytes(plan, true, p.c, p.d, ch.bias_parts);
   if (p.workspace == nullptr || p.workspace_bytes < need || !aligned16(p.workspace)) return cudaErrorInvalidValue;
 
   KParams kp;
@@ -383,7 +399,10 @@ cudaError_t bwd_weight_mma(const BwdWeightParams& p, cudaStream_t stream) {
   kp.ws_bias = out_bias != nullptr ? ws_bias : nullptr;
 
   const bool fast = p.c % 2 == 0 && p.d % 2 == 0;
-  if (use_bk32(info))
+  if (ch.sm90) {
+    const BwdWeightSm90Args a{p.x, p.gy, kp.ws, kp.ws_bias, p.M, plan.chunk_rows, kp.c, kp.d, kp.ldw, plan.S};
+    err = std::is_same_v<T, __half> ? eq_bwd_weight_sm90_fp16(a, stream) : eq_bwd_weight_sm90_bf16(a, stream);
+  } else if (use_bk32(info))
     err = fast ? launch<T, WCfg32, true>(kp, plan, stream) : launch<T, WCfg32, false>(kp, plan, stream);
   else
     err = fast ? launch<T, WCfg16, true>(kp, plan, stream) : launch<T, WCfg16, false>(kp, plan, stream);
@@ -391,7 +410,7 @@ cudaError_t bwd_weight_mma(const BwdWeightParams& p, cudaStream_t stream) {
   // Halved fp16 transforms: the accumulators hold 1/4 of the sums.
   const float k = Elem<T>::kHalve ? 4.f : 1.f;
   return split::launch_reduce<T>(kp.ws, ws_bias, out, out_bias, plan.S, kp.c, kp.d, kp.ldw, 0.5f * k,
-                                 0.70710678118654752f * k, info.sms, stream);
+                                 0.70710678118654752f * k, info.sms, stream, int(plan.S * ch.bias_parts));
 }
 
 }  // namespace
@@ -400,7 +419,8 @@ size_t eq_linear_bwd_weight_workspace_bytes(int64_t M, int64_t c, int64_t d, int
   DeviceInfo info;
   if (M <= 0 || !sizes_ok(M, c, d) || device_info(device, info) != cudaSuccess) return 0;
   if (elem_bytes == 4) return eq_linear_bwd_weight_fp32_workspace_bytes(M, c, d, info.sms);
-  return split::workspace_bytes(mma_plan(M, c, d, info), true, c, d);
+  const Choice ch = choose(M, c, d, info, device);
+  return split::workspace_bytes(ch.plan, true, c, d, ch.bias_parts);
 }
 
 cudaError_t eq_linear_bwd_weight_fp16(const BwdWeightParams& p, cudaStream_t stream) {

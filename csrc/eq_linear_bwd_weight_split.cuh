@@ -97,15 +97,16 @@ inline Plan make_plan(int64_t M, int64_t c, int64_t d, int sms, const TileModel*
   return best;
 }
 
-// Workspace (bytes): S partial tiles [4][d][ldw] then S bias partials [d], FP32. 0 when unused.
-inline size_t workspace_bytes(const Plan& plan, bool always_reduce, int64_t c, int64_t d) {
+// Workspace (bytes): S partial tiles [4][d][ldw] then S * bias_parts bias partials [d], FP32 (a kernel
+// may split each chunk's bias sum over bias_parts blocks). 0 when unused.
+inline size_t workspace_bytes(const Plan& plan, bool always_reduce, int64_t c, int64_t d, int64_t bias_parts = 1) {
   if (plan.S < 1 || (plan.S == 1 && !always_reduce)) return 0;
-  return size_t(plan.S) * size_t(4 * d * round_up4(c) + d) * sizeof(float);
+  return size_t(plan.S) * size_t(4 * d * round_up4(c) + bias_parts * d) * sizeof(float);
 }
 
 // Sums the S partial tiles in order z = 0 .. S-1, scales (planes 0 and 3 by s_real, 1 and 2 by
 // s_cplx), converts to TOut and writes grad_planes (4, d, c) and, when out_bias != nullptr,
-// grad_bias (d,). Block (kReduceX, kReduceY): x walks the float4 groups of a partial row (ldw / 4),
+// grad_bias (d,) from the S_bias bias partials (in order). Block (kReduceX, kReduceY): x walks the float4 groups of a partial row (ldw / 4),
 // y the 4 * d rows (g * d + o); the blocks with blockIdx.y == 0 also reduce grad_bias. vec_out:
 // c % 4 == 0 and out aligned to 4 elements, so each float4 group is one aligned vector store.
 constexpr int kReduceX = 64, kReduceY = 4;
@@ -113,7 +114,7 @@ constexpr int kReduceX = 64, kReduceY = 4;
 template <class TOut>
 __global__ void __launch_bounds__(kReduceX * kReduceY)
 reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, TOut* __restrict__ out,
-              TOut* __restrict__ out_bias, int S, int c, int d, int ldw, float s_real, float s_cplx,
+              TOut* __restrict__ out_bias, int S, int S_bias, int c, int d, int ldw, float s_real, float s_cplx,
               bool vec_out) {
   const int n_row4 = ldw / 4;
   const int rows = 4 * d;
@@ -150,7 +151,7 @@ reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, T
     const int t = threadIdx.y * kReduceX + threadIdx.x;
     for (int o = blockIdx.x * (kReduceX * kReduceY) + t; o < d; o += gridDim.x * kReduceX * kReduceY) {
       float s = ws_bias[o];
-      for (int z = 1; z < S; ++z) s += ws_bias[int64_t(z) * d + o];
+      for (int z = 1; z < S_bias; ++z) s += ws_bias[int64_t(z) * d + o];
       out_bias[o] = from_float<TOut>(s);
     }
   }
@@ -159,12 +160,13 @@ reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, T
 // Launches reduce_kernel with enough blocks to keep the memory system busy (a pure stream).
 template <class TOut>
 cudaError_t launch_reduce(const float* ws, const float* ws_bias, TOut* out, TOut* out_bias, int S, int c,
-                          int d, int ldw, float s_real, float s_cplx, int sms, cudaStream_t stream) {
+                          int d, int ldw, float s_real, float s_cplx, int sms, cudaStream_t stream,
+                          int S_bias = 0) {
   const int64_t rgx = imin(cdiv(ldw / 4, kReduceX), 32);
   const int64_t rgy = imin(imin(cdiv(4 * int64_t(d), kReduceY), imax(1, int64_t(sms) * 16 / rgx)), 65535);
   const bool vec_out = c % 4 == 0 && reinterpret_cast<uintptr_t>(out) % (4 * sizeof(TOut)) == 0;
   reduce_kernel<TOut><<<dim3(unsigned(rgx), unsigned(rgy)), dim3(kReduceX, kReduceY), 0, stream>>>(
-      ws, ws_bias, out, out_bias, S, c, d, ldw, s_real, s_cplx, vec_out);
+      ws, ws_bias, out, out_bias, S, S_bias > 0 ? S_bias : S, c, d, ldw, s_real, s_cplx, vec_out);
   return cudaGetLastError();
 }
 

@@ -69,7 +69,6 @@
 #include <cstring>
 #include <type_traits>
 
-#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through the runtime
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -79,6 +78,7 @@
 #include "eq_linear_mma_common.cuh"
 #include "eq_linear_sm90.cuh"
 #include "eq_pdl.cuh"
+#include "eq_sm90_host.cuh"
 
 namespace flash_eqlinear {
 namespace {
@@ -431,48 +431,10 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
 }
 
 // ---- host side -------------------------------------------------------------------------------------
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-EncodeTiled encoder() {
-  static const EncodeTiled fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<EncodeTiled>(f);
-  }();
-  return fn;
-}
-
-// Row-major tensor of 16- or 32-bit elements: dims / byte strides innermost first (strides of dims
-// 1..rank-1). The element type only sets the element size: TMA copies bits.
-bool encode(CUtensorMap* map, const void* ptr, int elem_bytes, int rank, const cuuint64_t* dims,
-            const cuuint64_t* strides, const cuuint32_t* box, CUtensorMapSwizzle swizzle) {
-  const EncodeTiled fn = encoder();
-  const cuuint32_t unit[3] = {1, 1, 1};
-  const auto type = elem_bytes == 4 ? CU_TENSOR_MAP_DATA_TYPE_UINT32 : CU_TENSOR_MAP_DATA_TYPE_UINT16;
-  return fn != nullptr && fn(map, type, rank, const_cast<void*>(ptr), dims, strides,
-                             box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-// The kernel body exists only in sm_90a machine code; a device that picked other code (an sm_90
-// binary, or PTX of an older target compiled at load time) must not launch it. Cached per device.
 template <class T>
 bool runs_sm90a(int dev) {
-  static int8_t known[64] = {};  // 0 unknown, 1 yes, -1 no (benign race: every writer writes the same)
-  if (dev < 0 || dev >= 64) return false;
-  if (known[dev] == 0) {
-    cudaFuncAttributes attr;
-    const bool ok = cudaFuncGetAttributes(&attr, eq_linear_fwd_sm90_kernel<T, false>) == cudaSuccess &&
-                    attr.binaryVersion == 90 && attr.ptxVersion == 90;
-    cudaGetLastError();  // a failed query leaves no sticky state behind for the caller
-    known[dev] = ok ? 1 : -1;
-  }
-  return known[dev] == 1;
+  static int8_t known[64] = {};
+  return kernel_runs_sm90a(eq_linear_fwd_sm90_kernel<T, false>, dev, known);
 }
 
 bool aligned16(const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; }

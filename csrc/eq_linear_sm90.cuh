@@ -130,6 +130,13 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 #endif
 }
+// Orders this thread's earlier shared-memory writes (generic proxy) before later reads by the async
+// proxy (wgmma operands written with st.shared): before the arrival that publishes them.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#ifdef FLASH_EQLINEAR_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
 // Makes the initialised barriers visible to the async proxy (the TMA unit) before first use.
 __device__ __forceinline__ void mbar_fence_init() {
 #ifdef FLASH_EQLINEAR_WGMMA

@@ -864,13 +864,17 @@ def emulated_weight_grad(x, gy, dtype):
     "c, d", [(1, 1), (3, 59), (59, 3), (16, 48), (48, 200), (64, 64), (200, 1025), (1025, 16)]
 )  # noqa: E501
 def test_fused_weight_grad(M, c, d, dtype):
-    # The weight-gradient kernels against the float64 closed-form reduction. FP32: under 1e-5.
-    # fp16 / bf16: the kernel is the algorithm (agrees with its float64 emulation to rounding), and
-    # its error is within twice F.linear's on the same inputs. The transforms are rounded once, so
-    # the expected ratio is ~1.8 (sqrt(3.2): two operand roundings besides the output's); on grads
-    # of fewer than 1024 elements the ratio of two errors is too noisy to test (measured on 200
-    # seeds for (c, d) = (1, 1): median 1.7, max 7), so there only the emulation check applies.
-    # grad_bias: within twice the larger of F.linear's error and one rounding of the exact value.
+    check_fused_weight_grad(M, c, d, dtype)
+
+
+def check_fused_weight_grad(M, c, d, dtype):
+    """The weight-gradient kernels against the float64 closed-form reduction. FP32: under 1e-5.
+    fp16 / bf16: the kernel is the algorithm (agrees with its float64 emulation to rounding), and
+    its error is within twice F.linear's on the same inputs. The transforms are rounded once, so
+    the expected ratio is ~1.8 (sqrt(3.2): two operand roundings besides the output's); on grads
+    of fewer than 1024 elements the ratio of two errors is too noisy to test (measured on 200
+    seeds for (c, d) = (1, 1): median 1.7, max 7), so there only the emulation check applies.
+    grad_bias: within twice the larger of F.linear's error and one rounding of the exact value."""
     x, planes, _ = make(M, c, d, dtype, seed=M + 31 * c + d)
     gy = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
     gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy)
@@ -891,6 +895,27 @@ def test_fused_weight_grad(M, c, d, dtype):
         assert rel_l2(gb, rb) <= tol_b, (rel_l2(gb, rb), tol_b)
     again = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy)
     assert torch.equal(again[0], gp) and torch.equal(again[1], gb)  # deterministic
+
+
+# Shapes of the Hopper weight-gradient kernel (c, d even): ragged tiles (c % 64, d % 128), c < 64, several
+# row chunks (and bias tiles spread over the c tiles), M off the 32-row k tile, the ViT-B qkv layer.
+SM90_WEIGHT_GRAD_SHAPES = [(1, 2, 2), (33, 16, 48), (4097, 48, 200), (3001, 130, 258), (700, 200, 1026)]
+SM90_WEIGHT_GRAD_SHAPES += [(9000, 66, 16), (25216, 192, 576)]
+
+
+@pytest.mark.parametrize("path", ["sm90", "portable"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("M, c, d", SM90_WEIGHT_GRAD_SHAPES)
+def test_fused_weight_grad_each_path(M, c, d, dtype, path, monkeypatch):
+    # FLASH_EQLINEAR_SM90=0 forces the mma.sync kernel where the Hopper one would run; both meet
+    # check_fused_weight_grad's criteria, and the profiler's kernel names say which one ran.
+    monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1" if path == "sm90" else "0")
+    check_fused_weight_grad(M, c, d, dtype)
+    x, gy = torch.randn(M, 4 * c, device=DEV, dtype=dtype), torch.randn(M, 4 * d, device=DEV, dtype=dtype)
+    names = launched_kernels(lambda: torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy))
+    hopper = path == "sm90" and torch.cuda.get_device_capability()[0] == 9
+    assert any("eq_bwd_weight_sm90_kernel" in n for n in names) == hopper, names
+    assert any("eq_linear_bwd_weight_mma_kernel" in n for n in names) != hopper, names
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)

@@ -1,0 +1,332 @@
+// Fused p4 EQ-Linear weight gradient for Hopper (sm_90a): TMA loads, register-A wgmma, fp16 and bf16
+// from one template. Math: eq_linear_bwd_weight.h; split over rows and reduce: eq_linear_bwd_weight_split.cuh
+// (the launcher in eq_linear_bwd_weight_mma.cu plans, allocates and reduces).
+//
+// GEMM view, as in the mma.sync kernel: block tile 128 output channels o x 64 input channels ci x the
+// 4 accumulator sets (P0, PR, PI, P2); the reduction (k) runs over the rows m of the block's chunk in
+// k tiles of 32 rows. Per k16 step six wgmma m64n64k16 per consumer warpgroup:
+//   P0 += g0 f0   PR += gR fR + gI fI   PI += gI fR - gR fI (A scale -1)   P2 += g2 f2
+// A (64 o x 16 m per warpgroup) = the transform of grad_y, built in registers from its raw values;
+// B (16 m x 64 ci) = the transform of x, made in shared memory by producer warps.
+//
+// Warp roles (3 warpgroups, one block per SM):
+//   warp 0, one thread: the TMA loads of each k tile into a 3-stage ring (raw grad_y, raw x), completing
+//     on the stage's "full" barrier.
+//   warps 1-3: x's transform. For each k tile they read the raw x tile, transform in FP32, round once
+//     and store the four planes as wgmma's K-major B operand with the 64-byte swizzle (the layout TMA
+//     writes for the forward's plane tiles: row ci holds the tile's 32 m values, 16-byte chunk q at
+//     q ^ ((ci >> 1) & 3)), then fence the stores to the async proxy and arrive on "ready".
+//   warpgroups 1 and 2: the consumers (o rows 0-63, 64-127); they release a stage on "empty" (one
+//     arrival per warp) once the wgmma groups that read it have retired. setmaxnreg: 48 / 224.
+//
+// A fragments: a fragment row holds one o, a register pair two consecutive m. Fragment rows gid and
+// gid + 8 of a warp are its o pair (2 gid, 2 gid + 1), so that one LDS.128 of raw grad_y (the 4 group
+// values of both, at one m) feeds both; a thread loads rows m = 2t, 2t + 1, 2t + 8, 2t + 9 of the k16
+// step (4 LDS.128) and transforms them in FP32 (rounded once, as in the mma.sync kernel). Raw
+// grad_y lands as 8 boxes of 16 o (128 bytes per row) with the 128-byte swizzle, one per consumer warp;
+// a quarter-warp's 8 chunks then fall in 8 distinct bank groups. Raw grad_y is loaded two k16 steps
+// ahead and the A registers are double buffered, as in the forward kernel (eq_linear_fwd_sm90.cu).
+//
+// Shared memory per stage (64 KB): raw grad_y [8][32 rows][128 B], raw x [32 rows][512 B] (64
+// channels x 4 group values, no swizzle: a warp's 8-byte loads of 32 consecutive channels are
+// conflict-free), B planes [4][64 rows][64 B] (f0, fR, fI, f2).
+//
+// grad_bias: the consumers sum the raw grad_y values of their fragment positions in FP32 over the k
+// tiles kt with kt % (c tiles) == blockIdx.y, so the chunk's bias work is spread evenly over its
+// blocks; each writes one bias partial (zero where it had no such tile), reduced in a fixed order.
+//
+// fp16 range: both transforms are halved (as in the mma.sync kernel); the reduce kernel scales.
+// Ragged edges: rows past M, channels past c or d arrive as zeros from TMA and add nothing; chunks
+// are whole k tiles except the last, which ends at M. Stores are masked.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#include "eq_linear_bwd_weight_sm90.h"
+#include "eq_linear_fwd_sm90.h"
+#include "eq_linear_mma_common.cuh"
+#include "eq_linear_sm90.cuh"
+#include "eq_sm90_host.cuh"
+
+namespace flash_eqlinear {
+namespace {
+
+constexpr int kBD = kBwdWeightSm90Model.BD, kBC = kBwdWeightSm90Model.BC, kBK = kBwdWeightSm90Model.BK;
+constexpr int kStages = 3, kThreads = 384, kXformWarps = 3;
+constexpr uint32_t kGyBox = kBK * 128;                            // 16 o x 4 group values x 32 rows
+constexpr uint32_t kGyBytes = (kBD / 16) * kGyBox;                // 32 KB
+constexpr uint32_t kXBytes = kBK * kBC * 4 * 2;                   // 16 KB
+constexpr uint32_t kPlane = kBC * kBK * 2;                        // 4 KB
+constexpr uint32_t kStageBytes = kGyBytes + kXBytes + 4 * kPlane;  // 64 KB
+constexpr int kSmem = kStages * kStageBytes + 3 * kStages * 8 + 1024;  // + barriers + alignment slack
+static_assert(kBD == 128 && kBC == 64 && kBK == 32, "the layouts above");
+static_assert(32 * (1 + kXformWarps) == 128, "the producer warpgroup: the TMA warp and the transform warps");
+static_assert(kStageBytes % 1024 == 0 && kGyBytes % 1024 == 0, "swizzle atoms need 1024-byte aligned bases");
+
+struct KParams {
+  float* ws;
+  float* ws_bias;
+  int64_t M, chunk_rows;
+  int c, d, ldw;
+};
+
+// Producer warps 1-3: x's four planes of every k tile (header).
+template <class T>
+__device__ __forceinline__ void transform_x(uint32_t base, uint32_t full_bar, uint32_t ready_bar, int KT) {
+  const int wt = (threadIdx.x >> 5) - 1, lane = threadIdx.x & 31;
+  for (int kt = 0; kt < KT; ++kt) {
+    const int s = kt % kStages;
+    mbar_wait(full_bar + 8 * s, (kt / kStages) & 1);
+    const uint32_t xr = base + s * kStageBytes + kGyBytes, pb = xr + kXBytes;
+    for (int u = wt; u < 8; u += kXformWarps) {  // unit: 32 channels x 8 rows
+      const int ci = 32 * (u & 1) + lane, mg = u >> 1;
+      uint32_t packed[4][4];  // [plane][row pair]
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float f[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint2 v = lds64(xr + (8 * mg + 2 * i + h) * 512 + ci * 8);
+          const float2 a = Elem<T>::unpack(v.x), b = Elem<T>::unpack(v.y);
+          dft4<Elem<T>::kHalve>(a.x, a.y, b.x, b.y, f[h][0], f[h][1], f[h][2], f[h][3]);
+        }
+#pragma unroll
+        for (int pl = 0; pl < 4; ++pl) packed[pl][i] = Elem<T>::pack(f[0][pl], f[1][pl]);
+      }
+      const uint32_t off = ci * 64 + ((mg ^ ((ci >> 1) & 3)) << 4);
+#pragma unroll
+      for (int pl = 0; pl < 4; ++pl) sts128(pb + pl * kPlane + off, packed[pl]);
+    }
+    fence_proxy_async_smem();  // the stores are read by wgmma (the async proxy)
+    __syncwarp();
+    if (lane == 0) mbar_arrive(ready_bar + 8 * s);
+  }
+}
+
+// The consumer warpgroups (warps 4-11).
+template <class T>
+__device__ __forceinline__ void consume(const KParams& p, uint32_t base, uint32_t full_bar, uint32_t ready_bar,
+                                        uint32_t empty_bar, int KT) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int gid = lane >> 2, t = lane & 3;
+  const int cw = warp - 4;  // consumer warp: o rows 16 cw .. 16 cw + 15 of the tile = gy box cw
+  // Rows 2t, 2t + 1 (+ 8) of a k16 step: chunk gid swizzled by m & 7 = 2t, resp. 2t + 1
+  const uint32_t a_lo = cw * kGyBox + 2 * t * 128 + ((gid ^ (2 * t)) << 4);
+  const uint32_t a_hi = cw * kGyBox + (2 * t + 1) * 128 + ((gid ^ (2 * t + 1)) << 4);
+  const uint64_t desc0 = wgmma_desc_sw64(base + kGyBytes + kXBytes);  // stage 0, plane f0, k16 step 0
+  const bool bias = p.ws_bias != nullptr;
+  const int num_c = static_cast<int>(gridDim.y), my_c = static_cast<int>(blockIdx.y);
+
+  float acc[4][8][4];  // sets: 0 = P0, 1 = PR, 2 = PI, 3 = P2; [n8 block][C fragment]
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[s][j][r] = 0.f;
+  float bsum[2] = {0.f, 0.f};  // raw grad_y of o = 2 gid, 2 gid + 1 (this thread's rows)
+
+  uint32_t fa[2][4][4] = {};  // [buffer = k16 step parity][g0, gR, gI, g2][A fragment register]
+  // Raw grad_y of k16 step ks: rows 16 ks + (2t, 2t + 1, 2t + 8, 2t + 9), loaded two steps ahead.
+  uint4 v[2][4];
+  auto load = [&](uint4(&w)[4], uint32_t st, int ks) {
+    w[0] = lds128(st + a_lo + ks * 16 * 128);
+    w[1] = lds128(st + a_hi + ks * 16 * 128);
+    w[2] = lds128(st + a_lo + (ks * 16 + 8) * 128);
+    w[3] = lds128(st + a_hi + (ks * 16 + 8) * 128);
+  };
+  mbar_wait(full_bar, 0);
+  load(v[0], base, 0);
+  load(v[1], base, 1);
+  for (int kt = 0; kt < KT; ++kt) {
+    const int s = kt % kStages;
+    const bool bias_tile = bias && kt % num_c == my_c;
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      uint32_t(&f)[4][4] = fa[ks];
+      const uint4(&w)[4] = v[ks];
+      // register r: o lo / hi (r & 1), rows 2t, 2t + 1 (+ 8 for r >> 1): m pairs from two chunks
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const uint4& c0 = w[2 * (r >> 1)];      // row 2t (+ 8)
+        const uint4& c1 = w[2 * (r >> 1) + 1];  // row 2t + 1 (+ 8)
+        const uint32_t lo = (r & 1) ? c0.z : c0.x, hi = (r & 1) ? c0.w : c0.y;
+        const uint32_t lo1 = (r & 1) ? c1.z : c1.x, hi1 = (r & 1) ? c1.w : c1.y;
+        const float2 a = Elem<T>::unpack(lo), b = Elem<T>::unpack(hi);    // g0..g3 at row m
+        const float2 e = Elem<T>::unpack(lo1), g = Elem<T>::unpack(hi1);  // at row m + 1
+        float p0[4], p1[4];
+        dft4<Elem<T>::kHalve>(a.x, a.y, b.x, b.y, p0[0], p0[1], p0[2], p0[3]);
+        dft4<Elem<T>::kHalve>(e.x, e.y, g.x, g.y, p1[0], p1[1], p1[2], p1[3]);
+#pragma unroll
+        for (int pl = 0; pl < 4; ++pl) f[pl][r] = Elem<T>::pack(p0[pl], p1[pl]);
+        if (bias_tile) bsum[r & 1] += ((a.x + a.y) + (b.x + b.y)) + ((e.x + e.y) + (g.x + g.y));
+      }
+      if (ks == 0) mbar_wait(ready_bar + 8 * s, (kt / kStages) & 1);  // x's planes of this k tile
+      const uint64_t dk = desc0 + ((s * kStageBytes + ks * 32) >> 4);
+      const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
+      wgmma_fence();
+      wgmma_m64n64_rs<T, 1>(acc[1], f[1], dr);
+      wgmma_m64n64_rs<T, 1>(acc[2], f[2], dr);
+      wgmma_m64n64_rs<T, 1>(acc[0], f[0], d0);
+      wgmma_m64n64_rs<T, 1>(acc[3], f[3], d2);
+      wgmma_m64n64_rs<T, 1>(acc[1], f[2], di);
+      wgmma_m64n64_rs<T, -1>(acc[2], f[1], di);
+      wgmma_commit();
+      if (kt + 1 < KT) {  // v[ks] is in f now: load this step's rows of the next k tile
+        const int next = (kt + 1) % kStages;
+        if (ks == 0) mbar_wait(full_bar + 8 * next, ((kt + 1) / kStages) & 1);
+        load(v[ks], base + next * kStageBytes, ks);
+      }
+      wgmma_wait<1>();  // the previous step's group has retired: its A buffer (and stage) are free
+#pragma unroll
+      for (int op = 0; op < 4; ++op) reg_fence(fa[ks ^ 1][op]);
+      // At ks == 0 that previous group was k tile kt - 1's last: release its stage.
+      if (ks == 0 && kt > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((kt - 1) % kStages));
+    }
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    reg_fence(acc[s]);
+    reg_fence(fa[0][s]);
+    reg_fence(fa[1][s]);
+  }
+
+  // ---- FP32 partials: one float2 (ci, ci + 1) per (set, o); ldw % 4 == 0 and ci even, so ci < c
+  // implies ci + 1 < ldw.
+  const int c = p.c, d = p.d;
+  const int o_lo = static_cast<int>(blockIdx.x) * kBD + 16 * cw + 2 * gid;  // fragment row gid; gid + 8: o_lo + 1
+  const int c0 = my_c * kBC;
+  float* const ws = p.ws + int64_t(blockIdx.z) * 4 * d * p.ldw;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int ci = c0 + 8 * j + 2 * t;
+    if (ci >= c) continue;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int o = o_lo + h;
+      if (o >= d) continue;
+#pragma unroll
+      for (int pl = 0; pl < 4; ++pl)
+        *reinterpret_cast<float2*>(ws + (int64_t(pl) * d + o) * p.ldw + ci) =
+            make_float2(acc[pl][j][2 * h], acc[pl][j][2 * h + 1]);
+    }
+  }
+  if (bias) {  // the 4 lanes of a gid hold the rows 2t.. of the same o pair: add them in a fixed order
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      bsum[h] += __shfl_xor_sync(0xffffffffu, bsum[h], 1);
+      bsum[h] += __shfl_xor_sync(0xffffffffu, bsum[h], 2);
+    }
+    float* const wb = p.ws_bias + (int64_t(blockIdx.z) * num_c + my_c) * d;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (t == 0 && o_lo + h < d) wb[o_lo + h] = bsum[h];
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1)
+eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __grid_constant__ CUtensorMap tm_x,
+                          const KParams p) {
+#ifdef FLASH_EQLINEAR_WGMMA
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t full_bar = base + kStages * kStageBytes, ready_bar = full_bar + 8 * kStages;
+  const uint32_t empty_bar = ready_bar + 8 * kStages;
+  const int64_t mb = int64_t(blockIdx.z) * p.chunk_rows;  // this block's rows: [mb, me)
+  const int64_t me = std::min(p.M, mb + p.chunk_rows);
+  const int KT = static_cast<int>((me - mb + kBK - 1) / kBK);  // >= 1: the plan makes no empty chunk
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_bar + 8 * s, 1);
+      mbar_init(ready_bar + 8 * s, kXformWarps);
+      mbar_init(empty_bar + 8 * s, 8);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {  // ---- producer warpgroup ----
+    setmaxnreg_dec<48>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_desc(&tm_gy);
+      tma_prefetch_desc(&tm_x);
+      const int o0 = static_cast<int>(blockIdx.x) * kBD, c0 = static_cast<int>(blockIdx.y) * kBC;
+      for (int kt = 0; kt < KT; ++kt) {
+        const int s = kt % kStages;
+        if (kt >= kStages) mbar_wait(empty_bar + 8 * s, ((kt / kStages) - 1) & 1);
+        const uint32_t st = base + s * kStageBytes, bar = full_bar + 8 * s;
+        const int row = static_cast<int>(mb) + kt * kBK;  // < 2^31: the host bounds M
+        mbar_arrive_expect_tx(bar, kGyBytes + kXBytes);
+#pragma unroll
+        for (int b = 0; b < kBD / 16; ++b) tma_load_2d(st + b * kGyBox, &tm_gy, (o0 + 16 * b) * 4, row, bar);
+        tma_load_2d(st + kGyBytes, &tm_x, c0 * 4, row, bar);
+      }
+    } else if (threadIdx.x >= 32) {
+      transform_x<T>(base, full_bar, ready_bar, KT);
+    }
+  } else {
+    setmaxnreg_inc<224>();
+    consume<T>(p, base, full_bar, ready_bar, empty_bar, KT);
+  }
+#else
+  (void)tm_gy, (void)tm_x, (void)p;
+  __trap();
+#endif
+}
+
+template <class T>
+cudaError_t launch(const BwdWeightSm90Args& a, cudaStream_t stream) {
+  constexpr int kE = sizeof(T);
+  CUtensorMap tm_gy, tm_x;
+  const cuuint64_t g_dims[2] = {static_cast<cuuint64_t>(4 * a.d), static_cast<cuuint64_t>(a.M)};
+  const cuuint64_t g_strides[1] = {static_cast<cuuint64_t>(4 * kE) * a.d};
+  const cuuint32_t g_box[2] = {64, kBK};  // 16 o x 4 group values: 128 bytes
+  const cuuint64_t x_dims[2] = {static_cast<cuuint64_t>(4 * a.c), static_cast<cuuint64_t>(a.M)};
+  const cuuint64_t x_strides[1] = {static_cast<cuuint64_t>(4 * kE) * a.c};
+  const cuuint32_t x_box[2] = {4 * kBC, kBK};  // 64 channels x 4 group values: 512 bytes
+  if (!encode(&tm_gy, a.gy, kE, 2, g_dims, g_strides, g_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode(&tm_x, a.x, kE, 2, x_dims, x_strides, x_box, CU_TENSOR_MAP_SWIZZLE_NONE))
+    return cudaErrorInvalidValue;
+  KParams kp{a.ws, a.ws_bias, a.M, a.chunk_rows, a.c, a.d, a.ldw};
+  auto kernel = eq_bwd_weight_sm90_kernel<T>;
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (e != cudaSuccess) return e;
+  const int64_t grid_d = (a.d + kBD - 1) / kBD, grid_c = (a.c + kBC - 1) / kBC;
+  if (grid_d > 0x7fffffff || grid_c > 65535 || a.S < 1 || a.S > 65535) return cudaErrorInvalidConfiguration;
+  kernel<<<dim3(unsigned(grid_d), unsigned(grid_c), unsigned(a.S)), kThreads, kSmem, stream>>>(tm_gy, tm_x, kp);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool eq_bwd_weight_sm90_eligible(int64_t M, int64_t c, int64_t d, int dev) {
+  if (!sm90_path_enabled() || M <= 0 || M > 0x7fffffff - 2 * kBK || c % 2 != 0 || d % 2 != 0 || c > (1 << 28) ||
+      d > (1 << 28) || encoder() == nullptr)
+    return false;
+  int major = 0, smem_optin = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  static int8_t known[64] = {};
+  return major == 9 && smem_optin >= kSmem && kernel_runs_sm90a(eq_bwd_weight_sm90_kernel<__half>, dev, known);
+}
+
+cudaError_t eq_bwd_weight_sm90_fp16(const BwdWeightSm90Args& args, cudaStream_t stream) {
+  return launch<__half>(args, stream);
+}
+
+cudaError_t eq_bwd_weight_sm90_bf16(const BwdWeightSm90Args& args, cudaStream_t stream) {
+  return launch<__nv_bfloat16>(args, stream);
+}
+
+}  // namespace flash_eqlinear

@@ -1,0 +1,41 @@
+// Hopper (sm_90a) weight-gradient kernel for fp16 / bf16. The launcher of the tensor-core weight
+// gradient (eq_linear_bwd_weight_mma.cu) plans the split over rows, provides the workspace and runs
+// the reduce kernel; this kernel writes the FP32 partials. Math and layouts: eq_linear_bwd_weight.h.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "eq_linear_bwd_weight_split.cuh"
+
+namespace flash_eqlinear {
+
+struct BwdWeightSm90Args {
+  const void* x;       // (M, c, 4), 16-byte aligned
+  const void* gy;      // (M, d, 4), 16-byte aligned
+  float* ws;           // [S][4][d][ldw] FP32 partials (plane order P0, PR, PI, P2), unscaled
+  float* ws_bias;      // [S][bias parts][d] FP32 partial sums of grad_y, or nullptr
+  int64_t M;
+  int64_t chunk_rows;  // rows per split: a multiple of kBwdWeightSm90Model.BK
+  int c, d, ldw, S;
+};
+
+// The tile as the split plan models it: 128 output x 64 input channels, 32 rows per k tile, one block
+// of 384 threads per SM. The MAC rate is a planning figure (half the dense fp16 peak of an H100 SM).
+constexpr split::TileModel kBwdWeightSm90Model{128, 64, 32, 1, 384, 1024.0, 6000.0, true};
+
+// Bias partials per row chunk: each of the chunk's c tiles sums grad_y over a share of its k tiles.
+inline int64_t eq_bwd_weight_sm90_bias_parts(int64_t c) { return (c + 63) / 64; }
+
+// Whether the Hopper kernel runs for these sizes on device dev: an sm_90 device running sm_90a code,
+// FLASH_EQLINEAR_SM90 not "0", c and d even (TMA row strides), M < 2^31 - 64 (32-bit TMA row
+// coordinates), and a driver with the TMA descriptor encoder. Pointer-independent, so the workspace
+// query and the launch agree.
+bool eq_bwd_weight_sm90_eligible(int64_t M, int64_t c, int64_t d, int dev);
+
+// One launch of args.S x (c tiles) x (d tiles) blocks on `stream` (the caller checked eligibility).
+cudaError_t eq_bwd_weight_sm90_fp16(const BwdWeightSm90Args& args, cudaStream_t stream);
+cudaError_t eq_bwd_weight_sm90_bf16(const BwdWeightSm90Args& args, cudaStream_t stream);
+
+}  // namespace flash_eqlinear
