@@ -15,8 +15,9 @@
 //   grad_PR[o,ci] = 1/sqrt2 sum_m (gR fR + gI fI)
 //   grad_PI[o,ci] = 1/sqrt2 sum_m (gI fR - gR fI)
 //   grad_bias[o]  = sum_m g0[m, o]  (= grad_y summed over rows and the 4 group copies)
-// FP32: exact (FFMA, no TF32). fp16 / bf16: tensor cores (mma.sync), the transforms in FP32 and
-// rounded once to the element type, FP32 accumulation, grad_bias summed in FP32.
+// FP32: exact (FFMA, no TF32). fp16 / bf16: tensor cores (wgmma on Hopper GPUs where
+// eq_linear_bwd_weight_sm90.h allows it, mma.sync elsewhere), the transforms in FP32 and rounded once
+// to the element type, FP32 accumulation, grad_bias summed in FP32.
 // Deterministic: the reduction over M is split into S chunks whose FP32 partial tiles go to a
 // workspace and are summed in a fixed order by a second kernel (eq_linear_bwd_weight_split.cuh).
 // S is a pure function of (M, c, d, device), so results are bitwise reproducible on a given GPU

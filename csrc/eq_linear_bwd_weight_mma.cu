@@ -1,5 +1,7 @@
 // Fused p4 EQ-Linear weight backward on tensor cores (mma.sync m16n8k16, FP32 accumulation), fp16
 // and bf16 from one template; sm_80 / sm_89 / sm_90. Math and layouts: eq_linear_bwd_weight.h.
+// Its launcher also runs the Hopper kernel instead where that one is eligible
+// (eq_linear_bwd_weight_sm90.cu: same split plan machinery, workspace layout and reduce kernel).
 //
 // GEMM view: the output tile is BD output channels o x BC input channels ci, the reduction (k)
 // runs over rows m. A[o][m] = the transform of grad_y (g0, gR, gI, g2), B[m][ci] = the transform

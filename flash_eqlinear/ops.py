@@ -51,8 +51,13 @@ if WEIGHT_GRAD not in _WEIGHT_GRAD_MODES:
     raise ValueError(f"FLASH_EQLINEAR_WEIGHT_GRAD must be one of {_WEIGHT_GRAD_MODES}, got {WEIGHT_GRAD!r}")
 # "auto" uses the GEMM form from this many output weights per plane (c * d) on. H100, M = 32768, c = d
 # (benchmarks/profile_bwd.py): FP32 fused and GEMM tie at c = 512, GEMM wins from c = 1024 on; fp16 /
-# bf16: fused wins at c = 256 (0.14 vs 0.23 ms), GEMM at c = 512 (0.42 vs 0.66 ms).
+# bf16 with the mma.sync kernel: fused wins at c = 256 (0.14 vs 0.23 ms), GEMM at c = 512 (0.42 vs 0.66 ms).
 GEMM_WEIGHT_GRAD_MIN_CD = {torch.float32: 768 * 768, torch.float16: 2**17, torch.bfloat16: 2**17}
+# fp16 / bf16 where the Hopper weight-gradient kernel runs (about 1.6x the mma.sync one). Training forward
+# + backward of one layer, H100, bf16, us, fused / GEMM form: M = 25216: 328 / 368 (c, d = 192, 576),
+# 413 / 447 (192, 768), 460 / 443 (768, 192), 501 / 496 (256, 768); M = 32768: 239 / 309 (256, 256),
+# 791 / 746 (512, 512) (benchmarks/README.md, v16).
+GEMM_WEIGHT_GRAD_MIN_CD_SM90 = 2**18
 
 
 def kernels_available() -> bool:
@@ -144,12 +149,16 @@ if kernels_available():
         sums = t.new_empty((n if sum else 0,), dtype=torch.float32)
         return t.new_empty((4, t.shape[0], n)), sums
 
-    def weight_grad_mode(c: int, d: int, dtype: torch.dtype) -> str:
-        """The weight-gradient method the CUDA backward uses for a layer with these sizes and dtype."""
+    def weight_grad_mode(c: int, d: int, dtype: torch.dtype, device_index: int | None = None) -> str:
+        """The weight-gradient method the CUDA backward uses for a layer with these sizes and dtype on
+        this CUDA device (None: the current one)."""
         if WEIGHT_GRAD != "auto":
             return WEIGHT_GRAD
         tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32  # GEMMs on tensor cores
-        return "gemm" if c * d >= GEMM_WEIGHT_GRAD_MIN_CD[torch.float16 if tf32 else dtype] else "fused"
+        min_cd = GEMM_WEIGHT_GRAD_MIN_CD[torch.float16 if tf32 else dtype]
+        if dtype != torch.float32 and c % 2 == 0 and d % 2 == 0 and _sm90(device_index):
+            min_cd = GEMM_WEIGHT_GRAD_MIN_CD_SM90
+        return "gemm" if c * d >= min_cd else "fused"
 
     @torch.library.register_fake("flash_eqlinear::eq_linear_bwd")
     def _eq_linear_bwd_fake(grad_y, x, planes, needs_x, needs_p, needs_b, gemm):
@@ -198,7 +207,7 @@ if kernels_available():
         needs_b = ctx.has_bias and ctx.needs_input_grad[2]
         if torch.is_grad_enabled():
             return _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b)
-        mode = weight_grad_mode(planes.shape[2], planes.shape[1], x.dtype)
+        mode = weight_grad_mode(planes.shape[2], planes.shape[1], x.dtype, x.device.index)
         ref = mode == "reference" and (needs_p or needs_b)
         # One op for the rest (grad_x: the forward kernel on the adjoint planes; the weight: the fused
         # kernel or group DFTs + GEMMs): the host cost of a backward is one call, not a dozen.
@@ -278,9 +287,11 @@ def _gemm_training_forward(dtype: torch.dtype, c: int, d: int, device_index: int
     from c * d >= 2^17: large layers only). FLASH_EQLINEAR_KEEP_PLANES=0 turns it off. (Read when
     called; under torch.compile, when traced.)"""
     env = os.environ.get
-    if env("FLASH_EQLINEAR_KEEP_PLANES", "1").strip() == "0" or weight_grad_mode(c, d, dtype) != "gemm":
+    if env("FLASH_EQLINEAR_KEEP_PLANES", "1").strip() == "0":
         return False
-    sm90 = env("FLASH_EQLINEAR_SM90", "1") != "0" and torch.cuda.get_device_capability(device_index)[0] == 9
+    if weight_grad_mode(c, d, dtype, device_index) != "gemm":
+        return False
+    sm90 = _sm90(device_index)
     if dtype == torch.float32:
         if not torch.backends.cuda.matmul.allow_tf32 or env("FLASH_EQLINEAR_FP32") == "3xtf32":
             return False
@@ -291,6 +302,13 @@ def _gemm_training_forward(dtype: torch.dtype, c: int, d: int, device_index: int
     if form in ("fused", "gemm"):
         return form == "gemm"
     return (sm90 and c % 8 == 0 and d % 2 == 0) or c * d >= 2**18
+
+
+def _sm90(device_index: int | None) -> bool:
+    """Whether the Hopper kernels may run on this CUDA device (compute capability 9.x, FLASH_EQLINEAR_SM90
+    not "0"; read when called)."""
+    enabled = os.environ.get("FLASH_EQLINEAR_SM90", "1") != "0"
+    return enabled and torch.cuda.get_device_capability(device_index)[0] == 9
 
 
 def autocast_inputs(x, weight, bias):
