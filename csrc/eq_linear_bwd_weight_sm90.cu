@@ -1,6 +1,7 @@
 // Fused p4 EQ-Linear weight gradient for Hopper (sm_90a): TMA loads, register-A wgmma, fp16 and bf16
-// from one template. Math: eq_linear_bwd_weight.h; split over rows and reduce: eq_linear_bwd_weight_split.cuh
-// (the launcher in eq_linear_bwd_weight_mma.cu plans, allocates and reduces).
+// from one template. Math: eq_linear_bwd_weight.h; split over rows and reduce:
+// eq_linear_bwd_weight_split.cuh (the launcher in eq_linear_bwd_weight_mma.cu plans, allocates and
+// reduces).
 //
 // GEMM view, as in the mma.sync kernel: block tile 128 output channels o x 64 input channels ci x the
 // 4 accumulator sets (P0, PR, PI, P2); the reduction (k) runs over the rows m of the block's chunk in
@@ -9,15 +10,23 @@
 // A (64 o x 16 m per warpgroup) = the transform of grad_y, built in registers from its raw values;
 // B (16 m x 64 ci) = the transform of x, made in shared memory by producer warps.
 //
-// Warp roles (3 warpgroups, one block per SM):
-//   warp 0, one thread: the TMA loads of each k tile into a 3-stage ring (raw grad_y, raw x), completing
-//     on the stage's "full" barrier.
-//   warps 1-3: x's transform. For each k tile they read the raw x tile, transform in FP32, round once
-//     and store the four planes as wgmma's K-major B operand with the 64-byte swizzle (the layout TMA
-//     writes for the forward's plane tiles: row ci holds the tile's 32 m values, 16-byte chunk q at
-//     q ^ ((ci >> 1) & 3)), then fence the stores to the async proxy and arrive on "ready".
-//   warpgroups 1 and 2: the consumers (o rows 0-63, 64-127); they release a stage on "empty" (one
-//     arrival per warp) once the wgmma groups that read it have retired. setmaxnreg: 48 / 224.
+// Warp roles (3 warpgroups, one block per SM) and shared memory (224 KB), three rings with their own
+// barriers, so that each buffer is held only while it is needed:
+//   raw grad_y, 4 stages of 32 KB ([8 boxes of 16 o][32 rows][128 B], 128-byte swizzle): loaded by TMA
+//     ("gy_full"), released by the consumers as soon as a tile's values are in registers ("gy_empty").
+//   raw x, 3 stages of 16 KB ([32 rows][512 B]: 64 channels x 4 group values, no swizzle, so a warp's
+//     8-byte loads of 32 consecutive channels are conflict-free): loaded by TMA ("x_full"), released by
+//     the transform warps once read ("x_empty").
+//   x's planes, 3 buffers of 16 KB ([f0, fR, fI, f2][64 rows ci][64 B]: wgmma's K-major B operand with
+//     the 64-byte swizzle, the layout TMA writes for the forward's plane tiles: row ci holds the tile's
+//     32 m values, 16-byte chunk q at q ^ ((ci >> 1) & 3)): made by the transform warps ("ready"),
+//     released by the consumers once the wgmma groups that read them have retired ("pfree").
+//   warp 0, one thread: the TMA loads, tile by tile.
+//   warps 1-3: x's transform (FP32, rounded once), then a fence to the async proxy (wgmma reads the
+//     stores) before "ready".
+//   warpgroups 1 and 2: the consumers (o rows 0-63, 64-127). setmaxnreg: 48 / 224.
+// Separate rings measured 2-5% faster at the layers this kernel takes than one 3-stage ring of all
+// three (benchmarks/README.md, v16).
 //
 // A fragments: a fragment row holds one o, a register pair two consecutive m. Fragment rows gid and
 // gid + 8 of a warp are its o pair (2 gid, 2 gid + 1), so that one LDS.128 of raw grad_y (the 4 group
@@ -26,10 +35,6 @@
 // grad_y lands as 8 boxes of 16 o (128 bytes per row) with the 128-byte swizzle, one per consumer warp;
 // a quarter-warp's 8 chunks then fall in 8 distinct bank groups. Raw grad_y is loaded two k16 steps
 // ahead and the A registers are double buffered, as in the forward kernel (eq_linear_fwd_sm90.cu).
-//
-// Shared memory per stage (64 KB): raw grad_y [8][32 rows][128 B], raw x [32 rows][512 B] (64
-// channels x 4 group values, no swizzle: a warp's 8-byte loads of 32 consecutive channels are
-// conflict-free), B planes [4][64 rows][64 B] (f0, fR, fI, f2).
 //
 // grad_bias: the consumers sum the raw grad_y values of their fragment positions in FP32 over the k
 // tiles kt with kt % (c tiles) == blockIdx.y, so the chunk's bias work is spread evenly over its
@@ -41,7 +46,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -57,16 +61,24 @@ namespace flash_eqlinear {
 namespace {
 
 constexpr int kBD = kBwdWeightSm90Model.BD, kBC = kBwdWeightSm90Model.BC, kBK = kBwdWeightSm90Model.BK;
-constexpr int kStages = 3, kThreads = 384, kXformWarps = 3;
+constexpr int kGyStages = 4, kXStages = 3, kPlaneBufs = 3, kThreads = 384, kXformWarps = 3;
 constexpr uint32_t kGyBox = kBK * 128;                            // 16 o x 4 group values x 32 rows
 constexpr uint32_t kGyBytes = (kBD / 16) * kGyBox;                // 32 KB
 constexpr uint32_t kXBytes = kBK * kBC * 4 * 2;                   // 16 KB
 constexpr uint32_t kPlane = kBC * kBK * 2;                        // 4 KB
-constexpr uint32_t kStageBytes = kGyBytes + kXBytes + 4 * kPlane;  // 64 KB
-constexpr int kSmem = kStages * kStageBytes + 3 * kStages * 8 + 1024;  // + barriers + alignment slack
+constexpr uint32_t kXOff = kGyStages * kGyBytes;            // the raw x ring
+constexpr uint32_t kPlanesOff = kXOff + kXStages * kXBytes;   // x's four planes, kPlaneBufs buffers
+constexpr uint32_t kBarOff = kPlanesOff + kPlaneBufs * 4 * kPlane;
+constexpr int kSmem = kBarOff + 2 * (kGyStages + kXStages + kPlaneBufs) * 8 + 1024;  // + barriers + alignment slack
 static_assert(kBD == 128 && kBC == 64 && kBK == 32, "the layouts above");
 static_assert(32 * (1 + kXformWarps) == 128, "the producer warpgroup: the TMA warp and the transform warps");
-static_assert(kStageBytes % 1024 == 0 && kGyBytes % 1024 == 0, "swizzle atoms need 1024-byte aligned bases");
+static_assert(kGyBytes % 1024 == 0 && kXOff % 1024 == 0 && kPlanesOff % 1024 == 0, "aligned bases");
+
+// mbarriers: raw grad_y landed / read (consumers), raw x landed / read (transform warps), x's planes
+// made / read (consumers).
+struct Bars {
+  uint32_t gy_full, gy_empty, x_full, x_empty, ready, pfree;
+};
 
 struct KParams {
   float* ws;
@@ -77,12 +89,13 @@ struct KParams {
 
 // Producer warps 1-3: x's four planes of every k tile (header).
 template <class T>
-__device__ __forceinline__ void transform_x(uint32_t base, uint32_t full_bar, uint32_t ready_bar, int KT) {
+__device__ __forceinline__ void transform_x(uint32_t base, const Bars& bar, int KT) {
   const int wt = (threadIdx.x >> 5) - 1, lane = threadIdx.x & 31;
   for (int kt = 0; kt < KT; ++kt) {
-    const int s = kt % kStages;
-    mbar_wait(full_bar + 8 * s, (kt / kStages) & 1);
-    const uint32_t xr = base + s * kStageBytes + kGyBytes, pb = xr + kXBytes;
+    const int s = kt % kXStages, b = kt % kPlaneBufs;
+    mbar_wait(bar.x_full + 8 * s, (kt / kXStages) & 1);
+    if (kt >= kPlaneBufs) mbar_wait(bar.pfree + 8 * b, ((kt / kPlaneBufs) - 1) & 1);  // its last tile was read
+    const uint32_t xr = base + kXOff + s * kXBytes, pb = base + kPlanesOff + b * 4 * kPlane;
     for (int u = wt; u < 8; u += kXformWarps) {  // unit: 32 channels x 8 rows
       const int ci = 32 * (u & 1) + lane, mg = u >> 1;
       uint32_t packed[4][4];  // [plane][row pair]
@@ -104,21 +117,23 @@ __device__ __forceinline__ void transform_x(uint32_t base, uint32_t full_bar, ui
     }
     fence_proxy_async_smem();  // the stores are read by wgmma (the async proxy)
     __syncwarp();
-    if (lane == 0) mbar_arrive(ready_bar + 8 * s);
+    if (lane == 0) {
+      mbar_arrive(bar.x_empty + 8 * s);
+      mbar_arrive(bar.ready + 8 * b);
+    }
   }
 }
 
 // The consumer warpgroups (warps 4-11).
 template <class T>
-__device__ __forceinline__ void consume(const KParams& p, uint32_t base, uint32_t full_bar, uint32_t ready_bar,
-                                        uint32_t empty_bar, int KT) {
+__device__ __forceinline__ void consume(const KParams& p, uint32_t base, const Bars& bar, int KT) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, t = lane & 3;
   const int cw = warp - 4;  // consumer warp: o rows 16 cw .. 16 cw + 15 of the tile = gy box cw
   // Rows 2t, 2t + 1 (+ 8) of a k16 step: chunk gid swizzled by m & 7 = 2t, resp. 2t + 1
   const uint32_t a_lo = cw * kGyBox + 2 * t * 128 + ((gid ^ (2 * t)) << 4);
   const uint32_t a_hi = cw * kGyBox + (2 * t + 1) * 128 + ((gid ^ (2 * t + 1)) << 4);
-  const uint64_t desc0 = wgmma_desc_sw64(base + kGyBytes + kXBytes);  // stage 0, plane f0, k16 step 0
+  const uint64_t desc0 = wgmma_desc_sw64(base + kPlanesOff);  // plane buffer 0, plane f0, k16 step 0
   const bool bias = p.ws_bias != nullptr;
   const int num_c = static_cast<int>(gridDim.y), my_c = static_cast<int>(blockIdx.y);
 
@@ -140,11 +155,10 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, uint32_
     w[2] = lds128(st + a_lo + (ks * 16 + 8) * 128);
     w[3] = lds128(st + a_hi + (ks * 16 + 8) * 128);
   };
-  mbar_wait(full_bar, 0);
+  mbar_wait(bar.gy_full, 0);
   load(v[0], base, 0);
   load(v[1], base, 1);
   for (int kt = 0; kt < KT; ++kt) {
-    const int s = kt % kStages;
     const bool bias_tile = bias && kt % num_c == my_c;
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
@@ -166,8 +180,12 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, uint32_
         for (int pl = 0; pl < 4; ++pl) f[pl][r] = Elem<T>::pack(p0[pl], p1[pl]);
         if (bias_tile) bsum[r & 1] += ((a.x + a.y) + (b.x + b.y)) + ((e.x + e.y) + (g.x + g.y));
       }
-      if (ks == 0) mbar_wait(ready_bar + 8 * s, (kt / kStages) & 1);  // x's planes of this k tile
-      const uint64_t dk = desc0 + ((s * kStageBytes + ks * 32) >> 4);
+      if (ks == 1) {  // tile kt's raw grad_y is in registers now: its stage is free
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar.gy_empty + 8 * (kt % kGyStages));
+      }
+      if (ks == 0) mbar_wait(bar.ready + 8 * (kt % kPlaneBufs), (kt / kPlaneBufs) & 1);  // x's planes of this tile
+      const uint64_t dk = desc0 + (((kt % kPlaneBufs) * 4 * kPlane + ks * 32) >> 4);
       const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
       wgmma_fence();
       wgmma_m64n64_rs<T, 1>(acc[1], f[1], dr);
@@ -178,15 +196,15 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, uint32_
       wgmma_m64n64_rs<T, -1>(acc[2], f[1], di);
       wgmma_commit();
       if (kt + 1 < KT) {  // v[ks] is in f now: load this step's rows of the next k tile
-        const int next = (kt + 1) % kStages;
-        if (ks == 0) mbar_wait(full_bar + 8 * next, ((kt + 1) / kStages) & 1);
-        load(v[ks], base + next * kStageBytes, ks);
+        const int next = (kt + 1) % kGyStages;
+        if (ks == 0) mbar_wait(bar.gy_full + 8 * next, ((kt + 1) / kGyStages) & 1);
+        load(v[ks], base + next * kGyBytes, ks);
       }
       wgmma_wait<1>();  // the previous step's group has retired: its A buffer (and stage) are free
 #pragma unroll
       for (int op = 0; op < 4; ++op) reg_fence(fa[ks ^ 1][op]);
       // At ks == 0 that previous group was k tile kt - 1's last: release its stage.
-      if (ks == 0 && kt > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((kt - 1) % kStages));
+      if (ks == 0 && kt > 0 && lane == 0) mbar_arrive(bar.pfree + 8 * ((kt - 1) % kPlaneBufs));
     }
   }
   wgmma_wait<0>();
@@ -237,17 +255,29 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
 #ifdef FLASH_EQLINEAR_WGMMA
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
-  const uint32_t full_bar = base + kStages * kStageBytes, ready_bar = full_bar + 8 * kStages;
-  const uint32_t empty_bar = ready_bar + 8 * kStages;
+  Bars bar;
+  bar.gy_full = base + kBarOff;
+  bar.gy_empty = bar.gy_full + 8 * kGyStages;
+  bar.x_full = bar.gy_empty + 8 * kGyStages;
+  bar.x_empty = bar.x_full + 8 * kXStages;
+  bar.ready = bar.x_empty + 8 * kXStages;
+  bar.pfree = bar.ready + 8 * kPlaneBufs;
   const int64_t mb = int64_t(blockIdx.z) * p.chunk_rows;  // this block's rows: [mb, me)
   const int64_t me = std::min(p.M, mb + p.chunk_rows);
   const int KT = static_cast<int>((me - mb + kBK - 1) / kBK);  // >= 1: the plan makes no empty chunk
 
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_bar + 8 * s, 1);
-      mbar_init(ready_bar + 8 * s, kXformWarps);
-      mbar_init(empty_bar + 8 * s, 8);
+    for (int s = 0; s < kGyStages; ++s) {
+      mbar_init(bar.gy_full + 8 * s, 1);
+      mbar_init(bar.gy_empty + 8 * s, 8);
+    }
+    for (int s = 0; s < kXStages; ++s) {
+      mbar_init(bar.x_full + 8 * s, 1);
+      mbar_init(bar.x_empty + 8 * s, kXformWarps);
+    }
+    for (int b = 0; b < kPlaneBufs; ++b) {
+      mbar_init(bar.ready + 8 * b, kXformWarps);
+      mbar_init(bar.pfree + 8 * b, 8);
     }
     mbar_fence_init();
   }
@@ -260,21 +290,23 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
       tma_prefetch_desc(&tm_x);
       const int o0 = static_cast<int>(blockIdx.x) * kBD, c0 = static_cast<int>(blockIdx.y) * kBC;
       for (int kt = 0; kt < KT; ++kt) {
-        const int s = kt % kStages;
-        if (kt >= kStages) mbar_wait(empty_bar + 8 * s, ((kt / kStages) - 1) & 1);
-        const uint32_t st = base + s * kStageBytes, bar = full_bar + 8 * s;
         const int row = static_cast<int>(mb) + kt * kBK;  // < 2^31: the host bounds M
-        mbar_arrive_expect_tx(bar, kGyBytes + kXBytes);
+        const int sg = kt % kGyStages, sx = kt % kXStages;
+        if (kt >= kGyStages) mbar_wait(bar.gy_empty + 8 * sg, ((kt / kGyStages) - 1) & 1);
+        mbar_arrive_expect_tx(bar.gy_full + 8 * sg, kGyBytes);
 #pragma unroll
-        for (int b = 0; b < kBD / 16; ++b) tma_load_2d(st + b * kGyBox, &tm_gy, (o0 + 16 * b) * 4, row, bar);
-        tma_load_2d(st + kGyBytes, &tm_x, c0 * 4, row, bar);
+        for (int b = 0; b < kBD / 16; ++b)
+          tma_load_2d(base + sg * kGyBytes + b * kGyBox, &tm_gy, (o0 + 16 * b) * 4, row, bar.gy_full + 8 * sg);
+        if (kt >= kXStages) mbar_wait(bar.x_empty + 8 * sx, ((kt / kXStages) - 1) & 1);
+        mbar_arrive_expect_tx(bar.x_full + 8 * sx, kXBytes);
+        tma_load_2d(base + kXOff + sx * kXBytes, &tm_x, c0 * 4, row, bar.x_full + 8 * sx);
       }
     } else if (threadIdx.x >= 32) {
-      transform_x<T>(base, full_bar, ready_bar, KT);
+      transform_x<T>(base, bar, KT);
     }
   } else {
     setmaxnreg_inc<224>();
-    consume<T>(p, base, full_bar, ready_bar, empty_bar, KT);
+    consume<T>(p, base, bar, KT);
   }
 #else
   (void)tm_gy, (void)tm_x, (void)p;
