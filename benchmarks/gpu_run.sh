@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build, GPU tests, compute-sanitizer, benchmarks on a CUDA machine; full logs under $OUT
 # (default /tmp/out), a short summary last.
-# Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-bwd] [bench-train] [bench-3xtf32] [profile-bwd] [profile-net] [net] [bench-quick] [narrow] [fp32-tiles] [xf-writer]
+# Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-bwd] [bench-train] [bench-3xtf32] [bench-wgrad] [profile-bwd] [profile-net] [net] [net-train] [bench-quick] [narrow] [fp32-tiles] [xf-writer]
 # (default: build test sanitize bench)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -57,6 +57,15 @@ fi
 if has bench-3xtf32; then  # the split-precision FP32 mode against exact FP32, same run
   python3 benchmarks/bench_op.py --dtypes fp32,3xtf32 --cs 512,1024,2048 --out "op_fwd_3xtf32_${FLASH_EQLINEAR_COMMIT:-local}.json" >"$OUT/bench_3xtf32.log" 2>&1
   summary+=("bench-3xtf32 rc=$?"); grep "c=" "$OUT/bench_3xtf32.log"
+fi
+if has bench-wgrad; then  # the 16-bit weight gradient and one layer's training step at ViT and op shapes
+  python3 benchmarks/bench_weight_grad.py >"$OUT/bench_wgrad.log" 2>&1; summary+=("bench-wgrad rc=$?")
+  grep "^|" "$OUT/bench_wgrad.log"
+fi
+if has net-train; then  # the bf16 training steps of EQ-ViT-B / -L against plain
+  python3 benchmarks/bench_network.py --models vit --scales B,L --variants plain,flash --no-inference \
+    --train vit-B,vit-L --out "net_vit_train_${FLASH_EQLINEAR_COMMIT:-local}.json" >"$OUT/net_train.log" 2>&1
+  summary+=("net-train rc=$?"); grep -E "^\| vit" "$OUT/net_train.log"
 fi
 if has profile-bwd; then
   python3 benchmarks/profile_bwd.py --cs 512,1024 >"$OUT/profile_bwd.log" 2>&1; summary+=("profile-bwd rc=$?")

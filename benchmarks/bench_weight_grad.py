@@ -1,0 +1,123 @@
+"""The 16-bit weight gradient and one layer's training step at the shapes of EQ-ViT-B / -L (M = 128 x 197
+rows) and of bench_op (M = 32768, c = d), on a CUDA GPU.
+
+Per shape (us per call, CUDA-graph replays, medians): the fused weight-gradient op (the Hopper kernel
+where it runs, and with FLASH_EQLINEAR_SM90=0 the mma.sync kernel), the dense weight gradient of
+nn.Linear (gy^T x) for scale; the whole backward op with the fused weight gradient and the GEMM form's
+(from the training forward's kept planes); the forward and the plane-keeping training forward. The
+last columns add them up: one layer's forward + backward with either method, against three dense GEMMs.
+Writes benchmarks/results/weight_grad_<commit>.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_op import graphed  # noqa: E402
+from common import RESULTS, bench, env_switch, environment, git_commit, save_json  # noqa: E402
+
+import flash_eqlinear  # noqa: E402, F401  (registers the ops)
+
+VIT = 128 * 197
+SHAPES = {
+    "vitB-qkv": (VIT, 192, 576),
+    "vitB-proj": (VIT, 192, 192),
+    "vitB-fc1": (VIT, 192, 768),
+    "vitB-fc2": (VIT, 768, 192),
+    "vitL-qkv": (VIT, 256, 768),
+    "vitL-proj": (VIT, 256, 256),
+    "vitL-fc1": (VIT, 256, 1024),
+    "vitL-fc2": (VIT, 1024, 256),
+    "c64": (32768, 64, 64),
+    "c256": (32768, 256, 256),
+    "c512": (32768, 512, 512),
+    "c1024": (32768, 1024, 1024),
+    "c2048": (32768, 2048, 2048),
+}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def us(fn, sm90: str = "1") -> float:
+    """us per call of fn, replayed from a CUDA graph captured with FLASH_EQLINEAR_SM90=sm90."""
+    with env_switch("FLASH_EQLINEAR_SM90", sm90):
+        replay = graphed(fn, [()])
+    return bench(replay, [()], min_time_s=0.15) * 1e3
+
+
+def run_shape(M: int, c: int, d: int, dt: torch.dtype) -> dict:
+    op = torch.ops.flash_eqlinear
+    g = torch.Generator(device="cuda").manual_seed(0)
+    gy = torch.randn(M, 4 * d, device="cuda", dtype=dt, generator=g)
+    x = torch.randn(M, 4 * c, device="cuda", dtype=dt, generator=g)
+    planes = (torch.randn(4, d, c, device="cuda", generator=g) / (4 * c) ** 0.5).to(dt)
+    _, xf = op.eq_linear_fwd_xf(x, planes, None)
+    r = {
+        "wgrad_fused": us(lambda: op.eq_linear_bwd_weight(x, gy)),
+        "wgrad_mma": us(lambda: op.eq_linear_bwd_weight(x, gy), "0"),
+        "wgrad_dense": us(lambda: torch.mm(gy.t(), x)),
+        "bwd_fused": us(lambda: op.eq_linear_bwd(gy, x, planes, True, True, True, False)),
+        "bwd_gemm": us(lambda: op.eq_linear_bwd_xf(gy, xf, planes, True, True, True)),
+        "fwd": us(lambda: op.eq_linear_fwd(x, planes, None)),
+        "fwd_xf": us(lambda: op.eq_linear_fwd_xf(x, planes, None)),
+    }
+    r["wgrad_fused_tflops"] = 12 * M * c * d / r["wgrad_fused"] / 1e6
+    r["train_fused"] = r["fwd"] + r["bwd_fused"]
+    r["train_gemm"] = r["fwd_xf"] + r["bwd_gemm"]
+    r["train_dense"] = 3 * r["wgrad_dense"]
+    return r
+
+
+def markdown(rows: list[dict], env: dict) -> str:
+    out = [
+        f"# Weight gradient and one layer's training step: {env['gpu']}, torch {env['torch']}, "
+        f"commit {env['commit']}",
+        "",
+        "us per call. wgrad: fused (Hopper kernel where it runs) / mma.sync / dense gy^T x; train: forward"
+        " + backward with the fused weight gradient / with the GEMM form (plane-keeping forward) / 3 dense"
+        " GEMMs.",
+        "",
+        "| dtype | shape | M, c, d | wgrad fused | TFLOP/s | wgrad mma | wgrad dense | train fused |"
+        " train gemm | train dense |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['dtype']} | {r['shape']} | {r['M']}, {r['c']}, {r['d']} | {r['wgrad_fused']:.1f} | "
+            f"{r['wgrad_fused_tflops']:.0f} | {r['wgrad_mma']:.1f} | {r['wgrad_dense']:.1f} | "
+            f"{r['train_fused']:.1f} | {r['train_gemm']:.1f} | {r['train_dense']:.1f} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of: {', '.join(SHAPES)}")
+    ap.add_argument("--dtypes", default="bf16,fp16")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: no CUDA device", file=sys.stderr)
+        return 1
+    env = environment()
+    rows = []
+    for dname in args.dtypes.split(","):
+        for name in args.shapes.split(","):
+            M, c, d = SHAPES[name]
+            r = {"dtype": dname, "shape": name, "M": M, "c": c, "d": d, **run_shape(M, c, d, DTYPES[dname])}
+            rows.append(r)
+            times = ", ".join(f"{k} {v:.1f}" for k, v in r.items() if isinstance(v, float))
+            print(f"{dname} {name}: {times}", flush=True)
+    path = save_json(f"weight_grad_{git_commit()}.json", {"env": env, "rows": rows})
+    md = markdown(rows, env)
+    path.with_suffix(".md").write_text(md)
+    print(md)
+    print(f"wrote {path} and {path.with_suffix('.md').relative_to(RESULTS.parent.parent)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
