@@ -61,8 +61,7 @@ namespace flash_eqlinear {
 namespace {
 
 constexpr int kBD = kBwdWeightSm90Model.BD, kBC = kBwdWeightSm90Model.BC, kBK = kBwdWeightSm90Model.BK;
-constexpr int kGyStages = 4, kXStages = 3, kPlaneBufs = 3, kThreads = 384, kXformWarps = 4;
-constexpr int kLead = 2;  // the transform warps' iteration kt issues tile kt + kLead's loads
+constexpr int kGyStages = 4, kXStages = 3, kPlaneBufs = 3, kThreads = 384, kXformWarps = 3;
 constexpr uint32_t kGyBox = kBK * 128;                            // 16 o x 4 group values x 32 rows
 constexpr uint32_t kGyBytes = (kBD / 16) * kGyBox;                // 32 KB
 constexpr uint32_t kXBytes = kBK * kBC * 4 * 2;                   // 16 KB
@@ -72,8 +71,7 @@ constexpr uint32_t kPlanesOff = kXOff + kXStages * kXBytes;   // x's four planes
 constexpr uint32_t kBarOff = kPlanesOff + kPlaneBufs * 4 * kPlane;
 constexpr int kSmem = kBarOff + 2 * (kGyStages + kXStages + kPlaneBufs) * 8 + 1024;  // + barriers + alignment slack
 static_assert(kBD == 128 && kBC == 64 && kBK == 32, "the layouts above");
-static_assert(32 * kXformWarps == 128, "the producer warpgroup: four transform warps");
-static_assert(kLead < kXStages && kLead < kGyStages, "issue(kt + kLead) waits on tiles the loop has passed");
+static_assert(32 * (1 + kXformWarps) == 128, "the producer warpgroup: the TMA warp and the transform warps");
 static_assert(kGyBytes % 1024 == 0 && kXOff % 1024 == 0 && kPlanesOff % 1024 == 0, "aligned bases");
 
 // mbarriers: raw grad_y landed / read (consumers), raw x landed / read (transform warps), x's planes
@@ -89,17 +87,11 @@ struct KParams {
   int c, d, ldw;
 };
 
-// The producer warps: x's four planes of every k tile (header). Warp 0's lane 0 also issues the TMA loads:
-// tiles 0 .. kLead - 1 first, then tile kt + kLead at the top of iteration kt (issue(j) waits until tile
-// j's stages are free: the consumers' tile j - 4 and the transforms of tile j - 3, which never wait for it).
-template <class T, class Issue>
-__device__ __forceinline__ void transform_x(uint32_t base, const Bars& bar, int KT, const Issue& issue) {
-  const int wt = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const bool issuer = threadIdx.x == 0;
-  if (issuer)
-    for (int j = 0; j < kLead && j < KT; ++j) issue(j);
+// Producer warps 1-3: x's four planes of every k tile (header).
+template <class T>
+__device__ __forceinline__ void transform_x(uint32_t base, const Bars& bar, int KT) {
+  const int wt = (threadIdx.x >> 5) - 1, lane = threadIdx.x & 31;
   for (int kt = 0; kt < KT; ++kt) {
-    if (issuer && kt + kLead < KT) issue(kt + kLead);
     const int s = kt % kXStages, b = kt % kPlaneBufs;
     mbar_wait(bar.x_full + 8 * s, (kt / kXStages) & 1);
     if (kt >= kPlaneBufs) mbar_wait(bar.pfree + 8 * b, ((kt / kPlaneBufs) - 1) & 1);  // its last tile was read
@@ -296,21 +288,22 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
     if (threadIdx.x == 0) {
       tma_prefetch_desc(&tm_gy);
       tma_prefetch_desc(&tm_x);
-    }
-    const auto issue = [&](int j) {  // tile j's raw grad_y and raw x
       const int o0 = static_cast<int>(blockIdx.x) * kBD, c0 = static_cast<int>(blockIdx.y) * kBC;
-      const int row = static_cast<int>(blockIdx.z * p.chunk_rows) + j * kBK;  // < 2^31: the host bounds M
-      const int sg = j % kGyStages, sx = j % kXStages;
-      if (j >= kGyStages) mbar_wait(bar.gy_empty + 8 * sg, ((j / kGyStages) - 1) & 1);
-      mbar_arrive_expect_tx(bar.gy_full + 8 * sg, kGyBytes);
+      for (int kt = 0; kt < KT; ++kt) {
+        const int row = static_cast<int>(mb) + kt * kBK;  // < 2^31: the host bounds M
+        const int sg = kt % kGyStages, sx = kt % kXStages;
+        if (kt >= kGyStages) mbar_wait(bar.gy_empty + 8 * sg, ((kt / kGyStages) - 1) & 1);
+        mbar_arrive_expect_tx(bar.gy_full + 8 * sg, kGyBytes);
 #pragma unroll
-      for (int b = 0; b < kBD / 16; ++b)
-        tma_load_2d(base + sg * kGyBytes + b * kGyBox, &tm_gy, (o0 + 16 * b) * 4, row, bar.gy_full + 8 * sg);
-      if (j >= kXStages) mbar_wait(bar.x_empty + 8 * sx, ((j / kXStages) - 1) & 1);
-      mbar_arrive_expect_tx(bar.x_full + 8 * sx, kXBytes);
-      tma_load_2d(base + kXOff + sx * kXBytes, &tm_x, c0 * 4, row, bar.x_full + 8 * sx);
-    };
-    transform_x<T>(base, bar, KT, issue);
+        for (int b = 0; b < kBD / 16; ++b)
+          tma_load_2d(base + sg * kGyBytes + b * kGyBox, &tm_gy, (o0 + 16 * b) * 4, row, bar.gy_full + 8 * sg);
+        if (kt >= kXStages) mbar_wait(bar.x_empty + 8 * sx, ((kt / kXStages) - 1) & 1);
+        mbar_arrive_expect_tx(bar.x_full + 8 * sx, kXBytes);
+        tma_load_2d(base + kXOff + sx * kXBytes, &tm_x, c0 * 4, row, bar.x_full + 8 * sx);
+      }
+    } else if (threadIdx.x >= 32) {
+      transform_x<T>(base, bar, KT);
+    }
   } else {
     setmaxnreg_inc<224>();
     consume<T>(p, base, bar, KT);
