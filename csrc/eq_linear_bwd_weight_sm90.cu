@@ -138,12 +138,7 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
   const int num_c = static_cast<int>(gridDim.y), my_c = static_cast<int>(blockIdx.y);
 
   float acc[4][8][4];  // sets: 0 = P0, 1 = PR, 2 = PI, 3 = P2; [n8 block][C fragment]
-#pragma unroll
-  for (int s = 0; s < 4; ++s)
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc[s][j][r] = 0.f;
+  zero_acc(acc);
   float bsum[2] = {0.f, 0.f};  // raw grad_y of o = 2 gid, 2 gid + 1 (this thread's rows)
 
   uint32_t fa[2][4][4] = {};  // [buffer = k16 step parity][g0, gR, gI, g2][A fragment register]
@@ -207,13 +202,7 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
       if (ks == 0 && kt > 0 && lane == 0) mbar_arrive(bar.pfree + 8 * ((kt - 1) % kPlaneBufs));
     }
   }
-  wgmma_wait<0>();
-#pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    reg_fence(acc[s]);
-    reg_fence(fa[0][s]);
-    reg_fence(fa[1][s]);
-  }
+  wgmma_retire_all(acc, fa);
 
   // ---- FP32 partials: one float2 (ci, ci + 1) per (set, o); ldw % 4 == 0 and ci even, so ci < c
   // implies ci + 1 < ldw.

@@ -106,16 +106,17 @@ inline size_t workspace_bytes(const Plan& plan, bool always_reduce, int64_t c, i
 
 // Sums the S partial tiles in order z = 0 .. S-1, scales (planes 0 and 3 by s_real, 1 and 2 by
 // s_cplx), converts to TOut and writes grad_planes (4, d, c) and, when out_bias != nullptr,
-// grad_bias (d,) from the S_bias bias partials (in order). Block (kReduceX, kReduceY): x walks the float4 groups of a partial row (ldw / 4),
-// y the 4 * d rows (g * d + o); the blocks with blockIdx.y == 0 also reduce grad_bias. vec_out:
-// c % 4 == 0 and out aligned to 4 elements, so each float4 group is one aligned vector store.
+// grad_bias (d,) from the S_bias bias partials (in order). Block (kReduceX, kReduceY): x walks the
+// float4 groups of a partial row (ldw / 4), y the 4 * d rows (g * d + o); the blocks with
+// blockIdx.y == 0 also reduce grad_bias. vec_out: c % 4 == 0 and out aligned to 4 elements, so each
+// float4 group is one aligned vector store.
 constexpr int kReduceX = 64, kReduceY = 4;
 
 template <class TOut>
 __global__ void __launch_bounds__(kReduceX * kReduceY)
 reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, TOut* __restrict__ out,
-              TOut* __restrict__ out_bias, int S, int S_bias, int c, int d, int ldw, float s_real, float s_cplx,
-              bool vec_out) {
+              TOut* __restrict__ out_bias, int S, int S_bias, int c, int d, int ldw, float s_real,
+              float s_cplx, bool vec_out) {
   const int n_row4 = ldw / 4;
   const int rows = 4 * d;
   const int64_t split_stride = 4 * int64_t(d) * ldw;  // floats between partials
@@ -157,7 +158,8 @@ reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, T
   }
 }
 
-// Launches reduce_kernel with enough blocks to keep the memory system busy (a pure stream).
+// Launches reduce_kernel with enough blocks to keep the memory system busy (a pure stream). S_bias: the
+// bias partials, S when 0.
 template <class TOut>
 cudaError_t launch_reduce(const float* ws, const float* ws_bias, TOut* out, TOut* out_bias, int S, int c,
                           int d, int ldw, float s_real, float s_cplx, int sms, cudaStream_t stream,

@@ -189,12 +189,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
       bias2[j] = (bias != nullptr && o < p.d) ? __ldg(reinterpret_cast<const BiasPair*>(bias + o)) : BiasPair{};
     }
     float acc[4][8][4];  // sets: 0 = a0, 1 = a2, 2 = aR, 3 = aI; [n8 block][C fragment]
-#pragma unroll
-    for (int s = 0; s < 4; ++s)
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc[s][j][r] = 0.f;
+    zero_acc(acc);
 
     uint32_t fa[2][4][4] = {};  // [buffer = k16 step parity][F0, FR, FI, F2][A fragment register]
     // Raw x of k16 steps (k tile, 0) and (k tile, 1): v[ks][r] is fragment register r's chunk (rows
@@ -244,13 +239,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
         if (ks == 0 && kt > 0 && lane == 0) release((it - 1) % kStages);
       }
     }
-    wgmma_wait<0>();
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      reg_fence(acc[s]);
-      reg_fence(fa[0][s]);
-      reg_fence(fa[1][s]);
-    }
+    wgmma_retire_all(acc, fa);
     if (lane == 0) release((it - 1) % kStages);  // the tile's last stage
 
     // ---- epilogue ----

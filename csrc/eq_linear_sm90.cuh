@@ -76,6 +76,28 @@ __device__ __forceinline__ void reg_fence(float (&d)[8][4]) {
     asm volatile("" : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])::"memory");
 }
 
+// The four m64n64 FP32 accumulator sets of the fused kernels, zeroed.
+__device__ __forceinline__ void zero_acc(float (&acc)[4][8][4]) {
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[s][j][r] = 0.f;
+}
+
+// Waits for every wgmma group in flight; the accumulators and both A fragment buffers stay pinned
+// until then.
+__device__ __forceinline__ void wgmma_retire_all(float (&acc)[4][8][4], uint32_t (&fa)[2][4][4]) {
+  wgmma_wait<0>();
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    reg_fence(acc[s]);
+    reg_fence(fa[0][s]);
+    reg_fence(fa[1][s]);
+  }
+}
+
 #define FLASH_EQLINEAR_WGMMA_D                                                                     \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "    \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"

@@ -53,10 +53,10 @@ if WEIGHT_GRAD not in _WEIGHT_GRAD_MODES:
 # (benchmarks/profile_bwd.py): FP32 fused and GEMM tie at c = 512, GEMM wins from c = 1024 on; fp16 /
 # bf16 with the mma.sync kernel: fused wins at c = 256 (0.14 vs 0.23 ms), GEMM at c = 512 (0.42 vs 0.66 ms).
 GEMM_WEIGHT_GRAD_MIN_CD = {torch.float32: 768 * 768, torch.float16: 2**17, torch.bfloat16: 2**17}
-# fp16 / bf16 where the Hopper weight-gradient kernel runs (about 1.6x the mma.sync one). Training forward
-# + backward of one layer, H100, bf16, us, fused / GEMM form: M = 25216: 328 / 368 (c, d = 192, 576),
-# 413 / 447 (192, 768), 460 / 443 (768, 192), 501 / 496 (256, 768); M = 32768: 239 / 309 (256, 256),
-# 791 / 746 (512, 512) (benchmarks/README.md, v16).
+# fp16 / bf16 where the Hopper weight-gradient kernel runs (1.5-1.7x the mma.sync one). Training forward
+# + backward of one layer, H100, bf16, us, fused / GEMM form: M = 25216: 326 / 372 (c, d = 192, 576),
+# 402 / 449 (192, 768), 460 / 438 (768, 192), 494 / 501 (256, 768), 615 / 630 (256, 1024); M = 32768:
+# 232 / 306 (256, 256), 761 / 746 (512, 512) (benchmarks/results/weight_grad_b5704bb.md).
 GEMM_WEIGHT_GRAD_MIN_CD_SM90 = 2**18
 
 
