@@ -66,10 +66,10 @@ constexpr uint32_t kGyBox = kBK * 128;                            // 16 o x 4 gr
 constexpr uint32_t kGyBytes = (kBD / 16) * kGyBox;                // 32 KB
 constexpr uint32_t kXBytes = kBK * kBC * 4 * 2;                   // 16 KB
 constexpr uint32_t kPlane = kBC * kBK * 2;                        // 4 KB
-constexpr uint32_t kXOff = kGyStages * kGyBytes;            // the raw x ring
-constexpr uint32_t kPlanesOff = kXOff + kXStages * kXBytes;   // x's four planes, kPlaneBufs buffers
-constexpr uint32_t kBarOff = kPlanesOff + kPlaneBufs * 4 * kPlane;
-constexpr int kSmem = kBarOff + 2 * (kGyStages + kXStages + kPlaneBufs) * 8 + 1024;  // + barriers + alignment slack
+constexpr uint32_t kXOff = kGyStages * kGyBytes;                  // the raw x ring
+constexpr uint32_t kPlanesOff = kXOff + kXStages * kXBytes;         // x's four planes, kPlaneBufs buffers
+constexpr uint32_t kBarOff = kPlanesOff + kPlaneBufs * 4 * kPlane;  // the mbarriers
+constexpr int kSmem = kBarOff + 2 * (kGyStages + kXStages + kPlaneBufs) * 8 + 1024;  // + alignment slack
 static_assert(kBD == 128 && kBC == 64 && kBK == 32, "the layouts above");
 static_assert(32 * (1 + kXformWarps) == 128, "the producer warpgroup: the TMA warp and the transform warps");
 static_assert(kGyBytes % 1024 == 0 && kXOff % 1024 == 0 && kPlanesOff % 1024 == 0, "aligned bases");
@@ -92,10 +92,10 @@ template <class T>
 __device__ __forceinline__ void transform_x(uint32_t base, const Bars& bar, int KT) {
   const int wt = (threadIdx.x >> 5) - 1, lane = threadIdx.x & 31;
   for (int kt = 0; kt < KT; ++kt) {
-    const int s = kt % kXStages, b = kt % kPlaneBufs;
+    const int s = kt % kXStages, buf = kt % kPlaneBufs;
     mbar_wait(bar.x_full + 8 * s, (kt / kXStages) & 1);
-    if (kt >= kPlaneBufs) mbar_wait(bar.pfree + 8 * b, ((kt / kPlaneBufs) - 1) & 1);  // its last tile was read
-    const uint32_t xr = base + kXOff + s * kXBytes, pb = base + kPlanesOff + b * 4 * kPlane;
+    if (kt >= kPlaneBufs) mbar_wait(bar.pfree + 8 * buf, ((kt / kPlaneBufs) - 1) & 1);  // its last tile was read
+    const uint32_t xr = base + kXOff + s * kXBytes, pb = base + kPlanesOff + buf * 4 * kPlane;
     for (int u = wt; u < 8; u += kXformWarps) {  // unit: 32 channels x 8 rows
       const int ci = 32 * (u & 1) + lane, mg = u >> 1;
       uint32_t packed[4][4];  // [plane][row pair]
@@ -119,7 +119,7 @@ __device__ __forceinline__ void transform_x(uint32_t base, const Bars& bar, int 
     __syncwarp();
     if (lane == 0) {
       mbar_arrive(bar.x_empty + 8 * s);
-      mbar_arrive(bar.ready + 8 * b);
+      mbar_arrive(bar.ready + 8 * buf);
     }
   }
 }
