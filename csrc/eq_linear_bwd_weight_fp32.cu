@@ -44,6 +44,7 @@
 
 #include <cuda_runtime.h>
 
+#include "eq_fp32_tile.cuh"
 #include "eq_linear_bwd_weight.h"
 #include "eq_linear_bwd_weight_split.cuh"
 #include "eq_p4_transform.cuh"
@@ -238,43 +239,21 @@ eq_linear_bwd_weight_fp32_kernel(const float* __restrict__ x, const float* __res
 
     const float* const A = As + (kt & 1) * Cfg::kAStage + a_off;
     const float* const B = Bs + (kt & 1) * Cfg::kBStage + b_off;
-    // acc += aa bb^T for one k.
-    auto outer = [&](float (&acc)[TM][TN], const float (&aa)[TM], const float (&bb)[TN]) {
-      #pragma unroll
-      for (int j = 0; j < TN; ++j) {
-        #pragma unroll
-        for (int i = 0; i < TM; ++i) acc[i][j] = fmaf(aa[i], bb[j], acc[i][j]);
-      }
-    };
     // Five operand planes per k (0, 2, the three complex combinations), fragments single-buffered:
     // the fifth accumulator set takes the registers that double buffering would need.
     #pragma unroll
     for (int k = 0; k < BK; ++k) {
       float a[5][TM], b[5][TN];
       #pragma unroll
-      for (int g = 0; g < 5; ++g) {
-        #pragma unroll
-        for (int q = 0; q < TM / 4; ++q) {
-          const float4 v = *reinterpret_cast<const float4*>(A + (g * BK + k) * BD + q * 16);
-          a[g][4 * q + 0] = v.x;
-          a[g][4 * q + 1] = v.y;
-          a[g][4 * q + 2] = v.z;
-          a[g][4 * q + 3] = v.w;
-        }
-        #pragma unroll
-        for (int q = 0; q < TN / 4; ++q) {
-          const float4 v = *reinterpret_cast<const float4*>(B + (g * BK + k) * BC + q * 32);
-          b[g][4 * q + 0] = v.x;
-          b[g][4 * q + 1] = v.y;
-          b[g][4 * q + 2] = v.z;
-          b[g][4 * q + 3] = v.w;
-        }
+      for (int g = 0; g < 5; ++g) {  // the lane's TM output channels (float4s 16 apart), TN inputs (32 apart)
+        load_float4s(a[g], A + (g * BK + k) * BD, 16);
+        load_float4s(b[g], B + (g * BK + k) * BC, 32);
       }
-      outer(acc0, a[0], b[0]);  // acc0 += g0 f0
-      outer(accR, a[4], b[1]);  // k1 += (gR + gI) fR
-      outer(accI, a[1], b[2]);  // k2 -= gR (fR + fI)
-      outer(accK, a[2], b[4]);  // k3 += gI (fR - fI)
-      outer(acc2, a[3], b[3]);  // acc2 += g2 f2
+      outer_fma(acc0, a[0], b[0]);  // acc0 += g0 f0
+      outer_fma(accR, a[4], b[1]);  // k1 += (gR + gI) fR
+      outer_fma(accI, a[1], b[2]);  // k2 -= gR (fR + fI)
+      outer_fma(accK, a[2], b[4]);  // k3 += gI (fR - fI)
+      outer_fma(acc2, a[3], b[3]);  // acc2 += g2 f2
     }
 
     if (more) {

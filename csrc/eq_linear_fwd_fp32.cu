@@ -55,6 +55,7 @@
 
 #include <cuda_runtime.h>
 
+#include "eq_fp32_tile.cuh"
 #include "eq_linear_fwd.h"
 #include "eq_p4_transform.cuh"
 #include "eq_pdl.cuh"
@@ -131,19 +132,6 @@ __device__ __forceinline__ void cp_async_commit() {
 }
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-
-// dst[4q .. 4q + 3] = the float4 at src + q * step (shared memory), q < N / 4.
-template <int N>
-__device__ __forceinline__ void load_float4s(float (&dst)[N], const float* src, int step) {
-  #pragma unroll
-  for (int q = 0; q < N / 4; ++q) {
-    const float4 v = *reinterpret_cast<const float4*>(src + q * step);
-    dst[4 * q + 0] = v.x;
-    dst[4 * q + 1] = v.y;
-    dst[4 * q + 2] = v.z;
-    dst[4 * q + 3] = v.w;
-  }
 }
 
 // kVecX: x and y are 16-byte aligned (float4 per (row, channel)).
@@ -316,14 +304,6 @@ eq_linear_fwd_fp32_kernel(const float* __restrict__ x, const float* __restrict__
     // Plane g of step k: the lane's TM rows of A (float4 groups 16 apart), TN channels of B (32 apart).
     auto frag_a = [&](float (&dst)[TM], int g, int k) { load_float4s(dst, A + (g * BK + k) * SA, 16); };
     auto frag_b = [&](float (&dst)[TN], int g, int k) { load_float4s(dst, B + (g * BK + k) * SB, 32); };
-    // acc += sign * aa bb^T for one k; the sign becomes an FFMA operand negation.
-    auto outer = [&](float (&acc)[TM][TN], const float (&aa)[TM], const float (&bb)[TN], float sign) {
-      #pragma unroll
-      for (int j = 0; j < TN; ++j) {
-        #pragma unroll
-        for (int i = 0; i < TM; ++i) acc[i][j] = fmaf(sign * aa[i], bb[j], acc[i][j]);
-      }
-    };
     if constexpr (Cfg::kGauss) {
       // Five planes per k, single-buffered (the fifth accumulator set takes the registers).
       #pragma unroll
@@ -334,11 +314,11 @@ eq_linear_fwd_fp32_kernel(const float* __restrict__ x, const float* __restrict__
           frag_a(a[g], g, k);
           frag_b(b[g], g, k);
         }
-        outer(acc0, a[0], b[0], 1.f);  // a0 += f0 P0
-        outer(accR, a[4], b[1], 1.f);  // k1 += (fR + fI) PR
-        outer(accI, a[1], b[2], 1.f);  // k2 += fR (PI - PR)
-        outer(accK, a[2], b[4], 1.f);  // k3 += fI (PR + PI)
-        outer(acc2, a[3], b[3], 1.f);  // a2 += f2 P2
+        outer_fma(acc0, a[0], b[0], 1.f);  // a0 += f0 P0
+        outer_fma(accR, a[4], b[1], 1.f);  // k1 += (fR + fI) PR
+        outer_fma(accI, a[1], b[2], 1.f);  // k2 += fR (PI - PR)
+        outer_fma(accK, a[2], b[4], 1.f);  // k3 += fI (PR + PI)
+        outer_fma(acc2, a[3], b[3], 1.f);  // a2 += f2 P2
       }
     } else {
       // Fragments [slot][g][.] with g = 0..3 for f0/P0, fR/PR, fI/PI, f2/P2. Explicit double
@@ -357,12 +337,12 @@ eq_linear_fwd_fp32_kernel(const float* __restrict__ x, const float* __restrict__
       for (int k = 0; k < BK; ++k) {
         const int s = k & 1;
         if (k + 1 < BK) load_frag(s ^ 1, k + 1);
-        outer(acc0, a[s][0], b[s][0], 1.f);   // a0 += f0 P0
-        outer(accR, a[s][1], b[s][1], 1.f);   // aR += fR PR
-        outer(accI, a[s][1], b[s][2], 1.f);   // aI += fR PI
-        outer(accR, a[s][2], b[s][2], -1.f);  // aR -= fI PI
-        outer(accI, a[s][2], b[s][1], 1.f);   // aI += fI PR
-        outer(acc2, a[s][3], b[s][3], 1.f);   // a2 += f2 P2
+        outer_fma(acc0, a[s][0], b[s][0], 1.f);   // a0 += f0 P0
+        outer_fma(accR, a[s][1], b[s][1], 1.f);   // aR += fR PR
+        outer_fma(accI, a[s][1], b[s][2], 1.f);   // aI += fR PI
+        outer_fma(accR, a[s][2], b[s][2], -1.f);  // aR -= fI PI
+        outer_fma(accI, a[s][2], b[s][1], 1.f);   // aI += fI PR
+        outer_fma(acc2, a[s][3], b[s][3], 1.f);   // a2 += f2 P2
       }
     }
 
