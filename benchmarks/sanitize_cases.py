@@ -73,32 +73,35 @@ for tile in ("big", "small", "small4") if "tiles" in DIRECTIONS else ():
         with env_switch("FLASH_EQLINEAR_NARROW", "0"), env_switch("FLASH_EQLINEAR_FP32_TILE", tile):
             y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
         assert rel_err(y, ref) < 1e-5, ("tile", tile, M, c, d)
+
+
+def check_weight_grad(dtype, M, c, d, what, group_dft=False):
+    """grad_planes and grad_bias of random x and grad_y against float64; with group_dft, also both group
+    DFTs (grad_bias from grad_y's column sums checked too)."""
+    x = torch.randn(M, 4 * c, device="cuda", dtype=dtype)
+    gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
+    zeros = torch.zeros(4, d, c, dtype=torch.float64, device="cuda")
+    gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy)
+    _, rp, rb = reference.fourier_eq_linear_backward(gy.double(), x.double(), zeros, (False, True, True))
+    checks = [(gp, rp), (gb, rb)]
+    if group_dft:
+        torch.ops.flash_eqlinear.eq_group_dft(x, True, False)
+        checks.append((torch.ops.flash_eqlinear.eq_group_dft(gy, False, True)[1], rb))
+    for got, ref in checks:
+        err = rel_err(got, ref)
+        assert err < TOL[dtype], (what, dtype, M, c, d, err)
+
+
 # Weight gradient (grad_planes, grad_bias): ragged shapes, including a larger M (split over M).
 for dtype in (torch.float32, torch.float16, torch.bfloat16) if "bwd" in DIRECTIONS else ():
     for M, c, d in BWD_SHAPES:
-        x = torch.randn(M, 4 * c, device="cuda", dtype=dtype)
-        gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
-        planes = torch.zeros(4, d, c, dtype=torch.float64, device="cuda")
-        gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy)
-        torch.ops.flash_eqlinear.eq_group_dft(x, True, False)
-        _, gb_dft = torch.ops.flash_eqlinear.eq_group_dft(gy, False, True)
-        _, rp, rb = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes, (False, True, True))
-        for got, ref in ((gp, rp), (gb, rb), (gb_dft, rb)):
-            err = rel_err(got, ref)
-            assert err < TOL[dtype], ("bwd_weight", dtype, M, c, d, err)
+        check_weight_grad(dtype, M, c, d, "bwd_weight", group_dft=True)
 # The 16-bit weight gradient where its Hopper kernel runs (c, d even): ragged tiles, c < 64, several row
 # chunks, M off the 32-row k tile.
 WGRAD_SHAPES = [(1, 2, 2), (33, 16, 48), (4097, 48, 200), (3001, 130, 258), (700, 200, 1026), (9000, 66, 16)]
 for dtype in (torch.float16, torch.bfloat16) if "wgrad" in DIRECTIONS else ():
     for M, c, d in WGRAD_SHAPES:
-        x = torch.randn(M, 4 * c, device="cuda", dtype=dtype)
-        gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
-        gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy)
-        zeros = torch.zeros(4, d, c, dtype=torch.float64, device="cuda")
-        _, rp, rb = reference.fourier_eq_linear_backward(gy.double(), x.double(), zeros, (False, True, True))
-        for got, ref in ((gp, rp), (gb, rb)):
-            err = rel_err(got, ref)
-            assert err < TOL[dtype], ("wgrad", dtype, M, c, d, err)
+        check_weight_grad(dtype, M, c, d, "wgrad")
 # The GEMM forms with fp16 / bf16 plane products (FLASH_EQLINEAR_PRODUCTS=gemm): the forward (halved
 # group DFT, inverse DFT + bias into 16-bit) and the whole backward with grad_x from grad_y's planes;
 # pairs and single channels; the planes-keeping training forward and its backward.
