@@ -254,11 +254,16 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
   const int64_t mb = int64_t(blockIdx.z) * p.chunk_rows;  // this block's rows: [mb, me)
   const int64_t me = std::min(p.M, mb + p.chunk_rows);
   const int KT = static_cast<int>((me - mb + kBK - 1) / kBK);  // >= 1: the plan makes no empty chunk
+  // A last o tile of 64 channels or fewer (d % 128 in 1 .. 64: ViT-B's d = 192, 576) leaves consumer
+  // warpgroup 2 (o rows 64-127) nothing: it idles, its grad_y boxes are not loaded, and the stages
+  // wait for warpgroup 1's four warps only.
+  const bool upper_idle = static_cast<int>(blockIdx.x) * kBD + 64 >= p.d;
+  const int consumer_warps = upper_idle ? 4 : 8;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kGyStages; ++s) {
       mbar_init(bar.gy_full + 8 * s, 1);
-      mbar_init(bar.gy_empty + 8 * s, 8);
+      mbar_init(bar.gy_empty + 8 * s, consumer_warps);
     }
     for (int s = 0; s < kXStages; ++s) {
       mbar_init(bar.x_full + 8 * s, 1);
@@ -266,7 +271,7 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
     }
     for (int b = 0; b < kPlaneBufs; ++b) {
       mbar_init(bar.ready + 8 * b, kXformWarps);
-      mbar_init(bar.pfree + 8 * b, 8);
+      mbar_init(bar.pfree + 8 * b, consumer_warps);
     }
     mbar_fence_init();
   }
@@ -282,9 +287,8 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
         const int row = static_cast<int>(mb) + kt * kBK;  // < 2^31: the host bounds M
         const int sg = kt % kGyStages, sx = kt % kXStages;
         if (kt >= kGyStages) mbar_wait(bar.gy_empty + 8 * sg, ((kt / kGyStages) - 1) & 1);
-        mbar_arrive_expect_tx(bar.gy_full + 8 * sg, kGyBytes);
-#pragma unroll
-        for (int b = 0; b < kBD / 16; ++b)
+        mbar_arrive_expect_tx(bar.gy_full + 8 * sg, consumer_warps * kGyBox);
+        for (int b = 0; b < consumer_warps; ++b)  // box b: o rows 16 b .. 16 b + 15, consumer warp b's
           tma_load_2d(base + sg * kGyBytes + b * kGyBox, &tm_gy, (o0 + 16 * b) * 4, row, bar.gy_full + 8 * sg);
         if (kt >= kXStages) mbar_wait(bar.x_empty + 8 * sx, ((kt / kXStages) - 1) & 1);
         mbar_arrive_expect_tx(bar.x_full + 8 * sx, kXBytes);
@@ -295,7 +299,7 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
     }
   } else {
     setmaxnreg_inc<224>();
-    consume<T>(p, base, bar, KT);
+    if (threadIdx.x < 256 || !upper_idle) consume<T>(p, base, bar, KT);
   }
 #else
   (void)tm_gy, (void)tm_x, (void)p;

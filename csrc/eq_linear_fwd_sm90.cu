@@ -13,9 +13,9 @@
 // producer (24) to the consumers (240: 128 accumulators, 32 double-buffered A registers, 32 of raw
 // x); 56 / 224 in the xf-writing variant (below).
 // Clusters of two CTAs on one m tile share its x through TMA multicast (kCl, by default for 16-bit
-// layers with c >= 512): a third less L2 traffic. Before persistence this measured no faster; since
-// then, and with the kernel at the board's power cap, it measured 2.5% faster on average
-// (benchmarks/README.md, v12).
+// layers with an even count of at least 8 n tiles, see sm90_clusters): a third less L2 traffic.
+// Before persistence this measured no faster; since then, and with the kernel at the board's power
+// cap, 2.5% faster on average at c = 1024 / 2048 (benchmarks/README.md, v12).
 
 // Shared memory per stage (48 KB, 1024-byte aligned):
 //   x   2 x [128 rows][128 B]: 16 channels x 4 group values of rows m0.. (TMA box {64, 128} of x
@@ -429,13 +429,16 @@ bool runs_sm90a(int dev) {
 bool aligned16(const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; }
 
 // Whether the plain forward runs in clusters of two CTAs sharing x: FLASH_EQLINEAR_SM90_CLUSTER=1 never,
-// =2 wherever there are two n tiles; by default for 16-bit layers with c >= 512 (H100, three A/B runs
-// at c = d = 1024 / 2048: 0-5% faster, 2.5% on average; c = 512: 1%; not measured below, nor for TF32).
-bool sm90_clusters(int64_t c, int elem_bytes) {
+// =2 wherever there are two n tiles; by default for 16-bit layers with an even count of at least 8 n
+// tiles (d > 448). With an odd count the last pair computes a tile past d, and with few n tiles the
+// walk's last wave is coarser: H100, bf16, M = 25216 / 32768, clusters against single CTAs: 3 n tiles
+// 12-14% slower, 9 tiles 5.5% slower, 2 and 4 tiles 0-8% slower; 8, 12, 16 and 32 tiles 0-3.6% faster
+// (benchmarks/README.md, v17; v12 for c = 1024 / 2048).
+bool sm90_clusters(int64_t num_n, int elem_bytes) {
   const char* v = std::getenv("FLASH_EQLINEAR_SM90_CLUSTER");
   if (v != nullptr && std::strcmp(v, "1") == 0) return false;
   if (v != nullptr && std::strcmp(v, "2") == 0) return true;
-  return elem_bytes == 2 && c >= 512;
+  return elem_bytes == 2 && num_n % 2 == 0 && num_n >= 8;
 }
 
 template <class T>
@@ -486,7 +489,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   // (c = d = 2048: 5-6% faster than groups of 8, benchmarks/README.md v12). Larger planes are streamed
   // once per group: groups of 8 m tiles read them a quarter as often.
   kp.group_m = 4 * kE * p.c * p.d <= (int64_t{32} << 20) ? 2 : 8;
-  if (p.xf == nullptr && num_n > 1 && sm90_clusters(p.c, kE)) {  // clusters of two sharing x (the kernel, kCl)
+  if (p.xf == nullptr && num_n > 1 && sm90_clusters(num_n, kE)) {  // clusters of two sharing x (the kernel, kCl)
     auto kernel = eq_linear_fwd_sm90_kernel<T, false, 2>;
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
