@@ -43,15 +43,8 @@
 // 1.5-6% more at c >= 512). Building the whole next step before the wait (a third fragment
 // buffer) measured no faster.
 //
-// Epilogue: the inverse transform + bias in FP32 registers, 16 bytes per (row, o pair) of the
-// interleaved (M, d, 4) output. fp16 / bf16 (plain and cluster variants): each consumer warpgroup
-// writes its 64 rows in two halves of 32 channels into a 16 KB buffer of its own (two TMA boxes of
-// 16 channels x 4 values x 64 rows, 128-byte swizzle: conflict-free 16-byte stores) and one thread
-// issues their TMA stores, which drain while the next tile's main loop runs; the next half waits only
-// until the previous one's bulk store has read the buffer. (Direct 16-byte global stores held the
-// consumers at each tile's end: without them the kernel took 14-18% less time at c = 192 .. 256,
-// benchmarks/README.md v17.) TMA clips the rows past M and the channels past d. TF32 and the
-// xf-writing variant (no shared memory left) store directly.
+// Epilogue: the inverse transform + bias in FP32 registers, one 16-byte store per (row, o pair) of
+// the interleaved (M, d, 4) output.
 //
 // Optional by-product (fp16 / bf16, FwdParams::xf): x's Fourier planes as column blocks (M, 4c), for a
 // backward that would otherwise make them in a pass of its own. Warps 1-3 of the producer warpgroup
@@ -102,16 +95,11 @@ constexpr uint32_t kXSub = kBM * 128;          // one 16-channel x sub-tile: 16 
 constexpr uint32_t kPlane = kBN * 64;           // one plane tile: 4 KB
 constexpr uint32_t kStageBytes = 2 * kXSub + 4 * kPlane;
 constexpr int kSmem = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers + alignment slack
-// A buffer of the variant's own, 1024-aligned after the barrier area (which also holds the xf
-// writers' two barriers). The xf-writing variant: a second copy of the x tile of each stage it
-// writes: 226 KB of the 227. The 16-bit plain variant: the y staging buffers (header, epilogue),
-// [consumer warpgroup][2 boxes][64 rows][128 B].
-constexpr uint32_t kBufOffset = kStages * kStageBytes + 1024;
-constexpr int kSmemXf = kBufOffset + 2 * kXSub + 1024;
-constexpr uint32_t kYBox = 64 * 128, kYHalf = 2 * kYBox;
-constexpr int kSmemYs = kBufOffset + 2 * kYHalf + 1024;
-static_assert(2 * kStages * 8 + 16 <= 1024, "the barriers before the variant's buffer");
-static_assert(kSmemYs <= 227 * 1024 && kSmemXf <= 227 * 1024, "an SM's shared memory per block");
+// The xf-writing variant: a second copy of the x tile of each stage it writes, in a buffer of its own
+// (1024-aligned after the barrier area, which then also holds its two barriers): 226 KB of the 227.
+constexpr uint32_t kXfBufOffset = kStages * kStageBytes + 1024;
+constexpr int kSmemXf = kXfBufOffset + 2 * kXSub + 1024;
+static_assert(2 * kStages * 8 + 16 <= 1024, "the barriers before the writers' buffer");
 
 struct Sm90Params {
   const void* bias;  // (d,) or nullptr
@@ -163,95 +151,10 @@ __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t
   FI = to_tf32(fi);
 }
 
-// The epilogue with direct 16-byte global stores (TF32, and the xf-writing variant): the tile at (m0, n0),
-// tile row `row` (+ 8) of this thread, masked at M and d.
-template <class T, class BiasPair>
-__device__ __forceinline__ void store_tile_direct(const Sm90Params& p, const float (&acc)[4][8][4],
-                                                  const BiasPair (&bias2)[8], int m0, int n0, int row, int t) {
-  T* y = static_cast<T*>(p.y);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int o = n0 + 8 * j + 2 * t;
-    if (o >= p.d) continue;  // d even: o + 1 < d too
-    float2 bo2;
-    if constexpr (sizeof(T) == 2)
-      bo2 = Elem<T>::unpack(bias2[j]);
-    else
-      bo2 = bias2[j];
-    const float bo[2] = {bo2.x, bo2.y};
-#pragma unroll
-    for (int r8 = 0; r8 < 2; ++r8) {
-      const int64_t m = static_cast<int64_t>(m0) + row + 8 * r8;
-      if (m >= p.M) continue;
-      if constexpr (sizeof(T) == 2) {
-        uint32_t out[2][2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int e = 2 * r8 + i;
-          inverse_dft4<T>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i], out[i][0], out[i][1]);
-        }
-        *reinterpret_cast<uint4*>(y + (m * p.d + o) * 4) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
-      } else {  // two 16-byte stores: channels o and o + 1
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int e = 2 * r8 + i;
-          *reinterpret_cast<float4*>(y + (m * p.d + o + i) * 4) =
-              inverse_dft4_f32(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i]);
-        }
-      }
-    }
-  }
-}
-
-// The 16-bit epilogue through shared memory (header): this consumer warpgroup's 64 rows of the tile at
-// (m0, n0), tile row `row` (+ 8) of this thread, in two halves of 32 channels (j = 4 h .. 4 h + 3).
-template <class T>
-__device__ __forceinline__ void store_tile_staged(const float (&acc)[4][8][4], const uint32_t (&bias2)[8],
-                                                  const CUtensorMap* tm_y, uint32_t ybuf, int m0, int n0, int row,
-                                                  int t) {
-  const int wg = row >> 6, r0 = row & 63;  // r0 & 7 == the fragment row's rg
-  const bool leader = (threadIdx.x & 127) == 0;
-  const uint32_t buf = ybuf + wg * kYHalf;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    uint32_t out[4][2][4];  // [n8 block 4 h + jj][rows r0, r0 + 8][(y0, y1), (y2, y3) of o, then of o + 1]
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) {
-      const float2 bo = Elem<T>::unpack(bias2[4 * h + jj]);
-#pragma unroll
-      for (int r8 = 0; r8 < 2; ++r8) {
-        const int j = 4 * h + jj, e = 2 * r8;
-        inverse_dft4<T>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo.x, out[jj][r8][0], out[jj][r8][1]);
-        inverse_dft4<T>(acc[0][j][e + 1], acc[1][j][e + 1], acc[2][j][e + 1], acc[3][j][e + 1], bo.y, out[jj][r8][2],
-                        out[jj][r8][3]);
-      }
-    }
-    // The buffer is free once the previous half's bulk store has read it.
-    if (leader) tma_store_wait();
-    named_barrier_sync(1 + wg, 128);
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj)
-#pragma unroll
-      for (int r8 = 0; r8 < 2; ++r8) {
-        // box jj / 2 (16 channels), 16-byte chunk 4 (jj % 2) + t of its row, swizzled by the row
-        const int r = r0 + 8 * r8, chunk = 4 * (jj & 1) + t;
-        sts128(buf + (jj >> 1) * kYBox + r * 128 + ((chunk ^ (r & 7)) << 4), out[jj][r8]);
-      }
-    fence_proxy_async_smem();  // the stores are read by the bulk copy (the async proxy)
-    named_barrier_sync(1 + wg, 128);
-    if (leader) {
-#pragma unroll
-      for (int b = 0; b < 2; ++b) tma_store_2d(tm_y, 4 * (n0 + 32 * h + 16 * b), m0 + 64 * wg, buf + b * kYBox);
-      tma_store_commit();
-    }
-  }
-}
-
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
-// kYs: the epilogue stores y through the staging buffers at ybuf and TMA (tm_y; header).
-template <class T, int kCl, bool kYs>
+template <class T, int kCl>
 __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
-                                        int num_tiles, const CUtensorMap* tm_y, uint32_t ybuf) {
+                                        int num_tiles) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, t = lane & 3;
   // Fragment row gid is tile row rg of the warp's 16 (header: the row order); rg & 7 == rg.
@@ -262,6 +165,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
   const uint64_t desc0 = wgmma_desc_sw64(base + 2 * kXSub);  // stage 0, plane P0, k16 step 0
   const int KT = p.k_tiles;
   const T* bias = static_cast<const T*>(p.bias);
+  T* y = static_cast<T*>(p.y);
 
   uint32_t it = 0;  // k tiles consumed so far, over all tiles: stage it % kStages, phase (it / kStages) & 1
   // Releases a stage: to this CTA's producer, and with a cluster to the partner's, which multicasts
@@ -339,13 +243,39 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
     if (lane == 0) release((it - 1) % kStages);  // the tile's last stage
 
     // ---- epilogue ----
-    if constexpr (kYs)
-      store_tile_staged<T>(acc, bias2, tm_y, ybuf, m0, n0, row, t);
-    else
-      store_tile_direct<T>(p, acc, bias2, m0, n0, row, t);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int o = n0 + 8 * j + 2 * t;
+      if (o >= p.d) continue;  // d even: o + 1 < d too
+      float2 bo2;
+      if constexpr (sizeof(T) == 2)
+        bo2 = Elem<T>::unpack(bias2[j]);
+      else
+        bo2 = bias2[j];
+      const float bo[2] = {bo2.x, bo2.y};
+#pragma unroll
+      for (int r8 = 0; r8 < 2; ++r8) {
+        const int64_t m = static_cast<int64_t>(m0) + row + 8 * r8;
+        if (m >= p.M) continue;
+        if constexpr (sizeof(T) == 2) {
+          uint32_t out[2][2];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int e = 2 * r8 + i;
+            inverse_dft4<T>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i], out[i][0], out[i][1]);
+          }
+          *reinterpret_cast<uint4*>(y + (m * p.d + o) * 4) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
+        } else {  // two 16-byte stores: channels o and o + 1
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int e = 2 * r8 + i;
+            *reinterpret_cast<float4*>(y + (m * p.d + o + i) * 4) =
+                inverse_dft4_f32(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i]);
+          }
+        }
+      }
+    }
   }
-  // The bulk stores read the staging buffers and write y before the block exits.
-  if (kYs && (threadIdx.x & 127) == 0) tma_store_wait<true>();
 }
 
 // Producer warps 1-3: x's Fourier planes of the k tiles that fall to this block (header), from the copy
@@ -411,13 +341,12 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uin
 template <class T, bool kXf, int kCl = 1>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
-                          const __grid_constant__ CUtensorMap tm_y, const Sm90Params p) {
+                          const Sm90Params p) {
 #ifdef FLASH_EQLINEAR_WGMMA
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need aligned bases
   const uint32_t full_bar = base + kStages * kStageBytes, empty_bar = full_bar + 8 * kStages;
-  const uint32_t xfull = empty_bar + 8 * kStages, xempty = xfull + 8;  // kXf only
-  const uint32_t vbuf = base + kBufOffset;  // the variant's buffer: xf writers' x copy, or y staging
+  const uint32_t xfull = empty_bar + 8 * kStages, xempty = xfull + 8, xbuf = base + kXfBufOffset;  // kXf only
   const int num_tiles = p.num_m * p.num_ng;  // steps of the walk (one per cluster)
   static_assert(kCl == 1 || (kCl == 2 && !kXf), "clusters of two, plain variant only");
   const int rank = kCl == 1 ? 0 : static_cast<int>(cluster_ctarank());
@@ -444,7 +373,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
     setmaxnreg_dec<kXf ? 56 : 24>();
     if (writes_xf && threadIdx.x >= 32) {
-      if constexpr (writes_xf) write_xf<T>(p, vbuf, xfull, xempty, num_tiles);
+      if constexpr (writes_xf) write_xf<T>(p, xbuf, xfull, xempty, num_tiles);
     } else if (threadIdx.x == 0) {
       tma_prefetch_desc(&tm_x);
       tma_prefetch_desc(&tm_p);
@@ -468,8 +397,8 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
           if (writes_xf && kt % p.num_n == n0 / kBN) {  // this block writes k tile kt's planes: a copy
             if (wi > 0) mbar_wait(xempty, (wi - 1) & 1);  // of its x tile for the writers
             mbar_arrive_expect_tx(xfull, 2 * kXSub);
-            tma_load_2d(vbuf, &tm_x, kt * kBK<T> * 4, m0, xfull);
-            tma_load_2d(vbuf + kXSub, &tm_x, kt * kBK<T> * 4 + 2 * kBK<T>, m0, xfull);
+            tma_load_2d(xbuf, &tm_x, kt * kBK<T> * 4, m0, xfull);
+            tma_load_2d(xbuf + kXSub, &tm_x, kt * kBK<T> * 4 + 2 * kBK<T>, m0, xfull);
             ++wi;
           }
         }
@@ -477,7 +406,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     }
   } else {
     setmaxnreg_inc<kXf ? 224 : 240>();
-    consume<T, kCl, sizeof(T) == 2 && !kXf>(p, base, full_bar, empty_bar, num_tiles, &tm_y, vbuf);
+    consume<T, kCl>(p, base, full_bar, empty_bar, num_tiles);
     // No CTA exits while its partner may still write to it or arrive on its barriers: every multicast
     // into a CTA and every remote arrival precedes its partner's consumers' last wait or arrival.
     // (The cluster barrier waits for the threads that have not exited: the producer warps need not
@@ -485,7 +414,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     if constexpr (kCl > 1) cluster_sync();
   }
 #else
-  (void)tm_x, (void)tm_p, (void)tm_y, (void)p;
+  (void)tm_x, (void)tm_p, (void)p;
   __trap();
 #endif
 }
@@ -526,13 +455,13 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (e != cudaSuccess) return e;
-  const int smem = p.xf != nullptr ? kSmemXf : kE == 2 ? kSmemYs : kSmem;
+  const int smem = p.xf != nullptr ? kSmemXf : kSmem;
   if (major != 9 || smem_optin < smem || !runs_sm90a<T>(dev)) return cudaSuccess;
 
   const int64_t num_m = (p.M + kBM - 1) / kBM, num_n = (p.d + kBN - 1) / kBN;
   if (num_m * num_n > 0x7fffffff - 1024) return cudaSuccess;  // int tile ids (+ the grid stride)
 
-  CUtensorMap tm_x, tm_p, tm_y;
+  CUtensorMap tm_x, tm_p;
   const cuuint64_t x_dims[2] = {static_cast<cuuint64_t>(4 * p.c), static_cast<cuuint64_t>(p.M)};
   const cuuint64_t x_strides[1] = {static_cast<cuuint64_t>(4 * kE * p.c)};
   const cuuint32_t x_box[2] = {128 / kE, kBM};
@@ -542,15 +471,6 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   if (!encode(&tm_x, p.x, kE, 2, x_dims, x_strides, x_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
       !encode(&tm_p, p.planes, kE, 3, p_dims, p_strides, p_box, CU_TENSOR_MAP_SWIZZLE_64B))
     return cudaSuccess;  // no encoder (old driver) or a shape it rejects: the portable kernel runs
-  // y viewed as (M, 4d) in boxes of 16 channels x 4 values x 64 rows (the 16-bit plain epilogue's stores;
-  // TF32 and the xf-writing variant do not use it and get x's map in its place)
-  const cuuint64_t y_dims[2] = {static_cast<cuuint64_t>(4 * p.d), static_cast<cuuint64_t>(p.M)};
-  const cuuint64_t y_strides[1] = {static_cast<cuuint64_t>(4 * kE * p.d)};
-  const cuuint32_t y_box[2] = {64, 64};
-  if (kE != 2 || p.xf != nullptr)
-    tm_y = tm_x;
-  else if (!encode(&tm_y, p.y, kE, 2, y_dims, y_strides, y_box, CU_TENSOR_MAP_SWIZZLE_128B))
-    return cudaSuccess;
 
   Sm90Params kp;
   kp.bias = p.bias;
@@ -602,7 +522,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
     if (clusters > 0) {
       cfg.gridDim = dim3(static_cast<unsigned>(2 * std::min<int64_t>(num_m * kp.num_ng, clusters)));
       *launched = true;
-      return launch_maybe_pdl(cfg, attr, kernel, tm_x, tm_p, tm_y, kp);
+      return launch_maybe_pdl(cfg, attr, kernel, tm_x, tm_p, kp);
     }
   }
   kp.num_ng = kp.num_n;
@@ -611,7 +531,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   if (e != cudaSuccess) return e;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_m * num_n, num_sms));
   *launched = true;
-  return launch_maybe_pdl(dim3(grid), dim3(kThreads), smem, stream, kernel, tm_x, tm_p, tm_y, kp);
+  return launch_maybe_pdl(dim3(grid), dim3(kThreads), smem, stream, kernel, tm_x, tm_p, kp);
 }
 
 }  // namespace

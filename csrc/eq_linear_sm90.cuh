@@ -1,7 +1,6 @@
 // Hopper (sm_90a) PTX helpers: wgmma.mma_async m64n64 (k16 fp16 / bf16, k8 TF32) with A from
 // registers and B from shared memory (K-major), its fence / commit / wait wrappers, mbarriers, TMA
-// (bulk tensor) loads and stores, named barriers, and the cluster helpers (rank, peer addresses,
-// remote arrivals, barrier).
+// (bulk tensor) loads, and the cluster helpers (rank, peer addresses, remote arrivals, barrier).
 //
 // Register A (per warp of the warpgroup: rows 16 w .. 16 w + 15) has exactly the mma.sync m16n8k16
 // A fragment layout, and the FP32 accumulator d[j][0..3] of n8 block j the m16n8 C layout, so the
@@ -222,39 +221,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, int 
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
           "r"(dst), "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
-#endif
-}
-
-// Shared memory (src, the box's layout) -> the box at (c0, c1) of the tensor map, as a bulk async-group
-// of the issuing thread; elements outside the tensor are not written.
-__device__ __forceinline__ void tma_store_2d(const void* tmap, int c0, int c1, uint32_t src) {
-#ifdef FLASH_EQLINEAR_WGMMA
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(tmap)),
-               "r"(c0), "r"(c1), "r"(src)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void tma_store_commit() {
-#ifdef FLASH_EQLINEAR_WGMMA
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#endif
-}
-// Until the issuing thread's bulk groups have read their shared-memory sources (which may then be
-// rewritten); with kAll, until their writes are complete.
-template <bool kAll = false>
-__device__ __forceinline__ void tma_store_wait() {
-#ifdef FLASH_EQLINEAR_WGMMA
-  if constexpr (kAll)
-    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-  else
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-#endif
-}
-// Named barrier id (1 .. 15; 0 is __syncthreads') among n threads (a multiple of 32).
-__device__ __forceinline__ void named_barrier_sync(int id, int n) {
-#ifdef FLASH_EQLINEAR_WGMMA
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 #endif
 }
 
