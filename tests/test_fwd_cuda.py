@@ -155,6 +155,25 @@ def test_forward_clusters(M, c, d, dtype, monkeypatch):
     assert torch.equal(out[0], y1)
 
 
+CLUSTER_DEFAULT_CASES = [(192, 192, False), (768, 192, False), (192, 576, False), (512, 256, False)]
+CLUSTER_DEFAULT_CASES += [(192, 512, True), (256, 1024, True)]
+
+
+@pytest.mark.parametrize("c, d, clusters", CLUSTER_DEFAULT_CASES)
+def test_forward_cluster_default(c, d, clusters, monkeypatch):
+    # Without the switch, 16-bit layers run in clusters of two only with an even count of at least 8 n
+    # tiles of 64 channels: an odd count would compute a tile past d (ViT-B's d = 192 and 576), and few
+    # tiles measured slower in clusters (benchmarks/README.md, v17).
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm_90a kernel only")
+    monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1")
+    monkeypatch.delenv("FLASH_EQLINEAR_SM90_CLUSTER", raising=False)
+    x, planes, b = make(1000, c, d, torch.bfloat16, seed=c + d)
+    names = launched_kernels(lambda: torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b))
+    kernels = [n for n in names if "eq_linear_fwd_sm90_kernel" in n]
+    assert len(kernels) == 1 and (", 2>" in kernels[0]) == clusters, names
+
+
 # Shapes of the narrow kernel (c, d <= 32): both warp tiles (d <= 16: 16 rows, else 8), both K widths
 # (c <= 16, else 32), c and d odd (the FFMA variant for fp16 / bf16 too), ragged M.
 NARROW_SHAPES = [(1, 1, 1), (7, 3, 5), (129, 16, 16), (4097, 16, 8), (300, 7, 32), (1000, 32, 32)]
