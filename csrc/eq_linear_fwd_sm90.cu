@@ -94,30 +94,12 @@ constexpr int kConsumerWarps = 8, kThreads = 128 + 32 * kConsumerWarps;
 constexpr uint32_t kXSub = kBM * 128;          // one 16-channel x sub-tile: 16 KB
 constexpr uint32_t kPlane = kBN * 64;           // one plane tile: 4 KB
 constexpr uint32_t kStageBytes = 2 * kXSub + 4 * kPlane;
-constexpr int kSmem = kStages * kStageBytes + 2 * 8 * 8 + 1024;  // + barriers (up to 8 stages) + alignment slack
+constexpr int kSmem = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers + alignment slack
 // The xf-writing variant: a second copy of the x tile of each stage it writes, in a buffer of its own
 // (1024-aligned after the barrier area, which then also holds its two barriers): 226 KB of the 227.
 constexpr uint32_t kXfBufOffset = kStages * kStageBytes + 1024;
 constexpr int kSmemXf = kXfBufOffset + 2 * kXSub + 1024;
 static_assert(2 * kStages * 8 + 16 <= 1024, "the barriers before the writers' buffer");
-// The ring of a variant. Cooperative (kPP false): 128-row tiles, both consumer warpgroups on each (rows
-// 0-63, 64-127), one ring of kStages stages. Ping-pong (kPP): 64-row tiles, the consumer warpgroups
-// take turns along the walk (warpgroup 1 the even steps, 2 the odd ones), so that one's epilogue runs
-// while the other's wgmma do; each has a ring of three stages of half the x rows (stages 0-2, 3-5: the
-// same 192 KB, barriers at the same offset) filled by a TMA thread of its own (warp 0's lane 0, warp 1's).
-// (One shared ring filled in walk order would let a warpgroup wait on a stage two fills ahead of it,
-// which its barrier's phase parity cannot tell from the fill before.)
-template <bool kPP>
-struct Ring {
-  static constexpr int kRows = kPP ? 64 : kBM;       // tile rows
-  static constexpr int kDepth = kPP ? 6 : kStages;   // stages, all rings
-  static constexpr int kWgDepth = kPP ? 3 : kStages;  // stages of one ring
-  static constexpr uint32_t kX = kRows * 128;        // one 16-channel x sub-tile
-  static constexpr uint32_t kStage = 2 * kX + 4 * kPlane;
-};
-static_assert(Ring<true>::kDepth * Ring<true>::kStage == kStages * kStageBytes && Ring<true>::kDepth <= 8,
-              "both variants: 192 KB of stages, the barriers at the same offset (kSmem)");
-static_assert(2 * Ring<true>::kWgDepth == Ring<true>::kDepth, "ping-pong: a ring per consumer warpgroup");
 
 struct Sm90Params {
   const void* bias;  // (d,) or nullptr
@@ -139,11 +121,11 @@ static_assert(eq_linear_fwd_sm90_sum_rows(1) == kXfWarps && eq_linear_fwd_sm90_s
 // p.group_m m tiles, each walked n group by n group; CTA rank of a cluster of kCl takes n tile
 // kCl * n group + rank (past d with an odd count: planes arrive as zeros, nothing is stored).
 // (A template only so that targets without the kernel body, which never call it, do not warn.)
-template <int kCl, int kRows = kBM, class P>
+template <int kCl, class P>
 __device__ __forceinline__ void tile_origin(const P& p, int tile, int rank, int& m0, int& n0) {
   int m_tile, n_group;
   grouped_tile(tile, p.num_m, p.num_ng, m_tile, n_group, p.group_m);  // 32-bit: the host bounds the count
-  m0 = m_tile * kRows;
+  m0 = m_tile * kBM;
   n0 = (n_group * kCl + rank) * kBN;
 }
 
@@ -170,27 +152,22 @@ __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t
 }
 
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
-template <class T, int kCl, bool kPP>
+template <class T, int kCl>
 __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
                                         int num_tiles) {
-  using R = Ring<kPP>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, t = lane & 3;
   // Fragment row gid is tile row rg of the warp's 16 (header: the row order); rg & 7 == rg.
   const int rg = (gid >> 1) + 4 * (gid & 1);
-  const int wg = (warp - 4) >> 2;  // consumer warpgroup
-  const int row = (kPP ? (warp - 4) & 3 : warp - 4) * 16 + rg;  // tile row of regs 0/2; +8 for regs 1/3
+  const int row = (warp - 4) * 16 + rg;  // tile row of regs 0/2; +8 for regs 1/3
   // The row's 16-byte chunks of channels 2t, 2t+1 (k lo) and 2t+8, 2t+9 (k hi), swizzled
   const uint32_t x_lo = row * 128 + ((t ^ rg) << 4), x_hi = row * 128 + (((t + 4) ^ rg) << 4);
-  const uint64_t desc0 = wgmma_desc_sw64(base + 2 * R::kX);  // stage 0, plane P0, k16 step 0
+  const uint64_t desc0 = wgmma_desc_sw64(base + 2 * kXSub);  // stage 0, plane P0, k16 step 0
   const int KT = p.k_tiles;
   const T* bias = static_cast<const T*>(p.bias);
   T* y = static_cast<T*>(p.y);
 
-  // k tiles read so far, over this warpgroup's tiles: stage s0 + it % D of its ring, phase (it / D) & 1
-  constexpr int D = R::kWgDepth;
-  const uint32_t s0 = kPP ? wg * D : 0;
-  uint32_t it = 0;
+  uint32_t it = 0;  // k tiles consumed so far, over all tiles: stage it % kStages, phase (it / kStages) & 1
   // Releases a stage: to this CTA's producer, and with a cluster to the partner's, which multicasts
   // its x sub-tile into this CTA's stage too.
   // (The partner's rank is re-read where used: the consumers have no register to spare.)
@@ -198,10 +175,9 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
     mbar_arrive(empty_bar + 8 * s);
     if constexpr (kCl > 1) mbar_arrive_cluster(cluster_map(empty_bar + 8 * s, cluster_ctarank() ^ 1));
   };
-  const int stride = (kPP ? 2 : 1) * static_cast<int>(gridDim.x) / kCl;  // ping-pong: every other step
-  for (int tile = blockIdx.x / kCl + (kPP ? wg * gridDim.x : 0); tile < num_tiles; tile += stride) {
+  for (int tile = blockIdx.x / kCl; tile < num_tiles; tile += gridDim.x / kCl) {
     int m0, n0;
-    tile_origin<kCl, R::kRows>(p, tile, kCl > 1 ? static_cast<int>(cluster_ctarank()) : 0, m0, n0);
+    tile_origin<kCl>(p, tile, kCl > 1 ? static_cast<int>(cluster_ctarank()) : 0, m0, n0);
     // The tile's bias pairs (o, o+1) for o = n0 + 8 j + 2 t, loaded now: their latency hides behind
     // the main loop instead of stalling the epilogue. (TF32's float2 pairs too: loaded in the epilogue
     // they measured 2-5% slower at c = 32 .. 2048, benchmarks/README.md v13.)
@@ -226,11 +202,11 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
       w[2] = lds128(xs + x_hi);
       w[3] = lds128(xs + x_hi + 8 * 128);
     };
-    mbar_wait(full_bar + 8 * (s0 + it % D), (it / D) & 1);
-    load_x(v[0], base + (s0 + it % D) * R::kStage);
-    load_x(v[1], base + (s0 + it % D) * R::kStage + R::kX);
+    mbar_wait(full_bar + 8 * (it % kStages), (it / kStages) & 1);
+    load_x(v[0], base + (it % kStages) * kStageBytes);
+    load_x(v[1], base + (it % kStages) * kStageBytes + kXSub);
     for (int kt = 0; kt < KT; ++kt, ++it) {
-      const int s = s0 + it % D;
+      const int s = it % kStages;
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
         uint32_t(&f)[4][4] = fa[ks];
@@ -241,7 +217,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
           else
             xform_tf32(v[ks][r], f[0][r], f[1][r], f[2][r], f[3][r]);
         }
-        const uint64_t dk = desc0 + ((s * R::kStage + ks * 32) >> 4);
+        const uint64_t dk = desc0 + ((s * kStageBytes + ks * 32) >> 4);
         const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
         wgmma_fence();
         wgmma_m64n64_rs<T, 1>(acc[2], f[1], dr);
@@ -252,19 +228,19 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
         wgmma_m64n64_rs<T, 1>(acc[3], f[2], dr);
         wgmma_commit();
         if (kt + 1 < KT) {  // v[ks] is in f now: load this step's sub-tile of the next k tile
-          const uint32_t next = s0 + (it + 1) % D;
-          if (ks == 0) mbar_wait(full_bar + 8 * next, ((it + 1) / D) & 1);
-          load_x(v[ks], base + next * R::kStage + ks * R::kX);
+          const uint32_t next = (it + 1) % kStages;
+          if (ks == 0) mbar_wait(full_bar + 8 * next, ((it + 1) / kStages) & 1);
+          load_x(v[ks], base + next * kStageBytes + ks * kXSub);
         }
         wgmma_wait<1>();  // the previous step's group has retired: its A buffer (and stage) are free
 #pragma unroll
         for (int op = 0; op < 4; ++op) reg_fence(fa[ks ^ 1][op]);
         // At ks == 0 that previous group was k tile it-1's last: release its stage.
-        if (ks == 0 && kt > 0 && lane == 0) release(s0 + (it - 1) % D);
+        if (ks == 0 && kt > 0 && lane == 0) release((it - 1) % kStages);
       }
     }
     wgmma_retire_all(acc, fa);
-    if (lane == 0) release(s0 + (it - 1) % D);  // the tile's last stage
+    if (lane == 0) release((it - 1) % kStages);  // the tile's last stage
 
     // ---- epilogue ----
 #pragma unroll
@@ -362,26 +338,24 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uin
 // kCl = 2 (plain variant only): clusters of two CTAs on the same m tile and adjacent n tiles. Each
 // producer loads one of a stage's two x sub-tiles and multicasts it to both CTAs, so x is read from
 // L2 once per pair; each releases a stage only when the consumers of both CTAs have read it.
-template <class T, bool kXf, int kCl = 1, bool kPP = false>
+template <class T, bool kXf, int kCl = 1>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
                           const Sm90Params p) {
 #ifdef FLASH_EQLINEAR_WGMMA
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need aligned bases
-  using R = Ring<kPP>;
-  const uint32_t full_bar = base + kStages * kStageBytes, empty_bar = full_bar + 8 * R::kDepth;
+  const uint32_t full_bar = base + kStages * kStageBytes, empty_bar = full_bar + 8 * kStages;
   const uint32_t xfull = empty_bar + 8 * kStages, xempty = xfull + 8, xbuf = base + kXfBufOffset;  // kXf only
   const int num_tiles = p.num_m * p.num_ng;  // steps of the walk (one per cluster)
-  static_assert(kCl == 1 || (kCl == 2 && !kXf && !kPP), "clusters of two, plain cooperative variant only");
-  static_assert(!(kXf && kPP), "the xf writers: cooperative variant only");
+  static_assert(kCl == 1 || (kCl == 2 && !kXf), "clusters of two, plain variant only");
   const int rank = kCl == 1 ? 0 : static_cast<int>(cluster_ctarank());
 
   constexpr bool writes_xf = kXf && sizeof(T) == 2;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < R::kDepth; ++s) {
+    for (int s = 0; s < kStages; ++s) {
       mbar_init(full_bar + 8 * s, 1);
-      mbar_init(empty_bar + 8 * s, kCl * (kPP ? 4 : kConsumerWarps));  // the warps reading a stage
+      mbar_init(empty_bar + 8 * s, kCl * kConsumerWarps);
     }
     if (writes_xf) {
       mbar_init(xfull, 1);
@@ -400,32 +374,26 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     setmaxnreg_dec<kXf ? 56 : 24>();
     if (writes_xf && threadIdx.x >= 32) {
       if constexpr (writes_xf) write_xf<T>(p, xbuf, xfull, xempty, num_tiles);
-    } else if (threadIdx.x == 0 || (kPP && threadIdx.x == 32)) {  // ping-pong: one per consumer warpgroup
+    } else if (threadIdx.x == 0) {
       tma_prefetch_desc(&tm_x);
       tma_prefetch_desc(&tm_p);
-      // k tiles issued so far, over the tiles loaded for (cooperative: wraps harmlessly, kStages
-      // divides 2^32; ping-pong: the host keeps it below 2^31)
-      uint32_t it = 0;
+      uint32_t it = 0;  // k tiles issued so far, over all tiles (wraps harmlessly: kStages divides 2^32)
       uint32_t wi = 0;  // x tiles loaded into the writers' buffer so far
-      constexpr int D = R::kWgDepth;
-      const int w = threadIdx.x >> 5;  // ping-pong: the consumer warpgroup this thread loads for
-      const uint32_t s0 = kPP ? w * D : 0;
-      const int stride = (kPP ? 2 : 1) * static_cast<int>(gridDim.x) / kCl;
-      for (int tile = blockIdx.x / kCl + (kPP ? w * gridDim.x : 0); tile < num_tiles; tile += stride) {
+      for (int tile = blockIdx.x / kCl; tile < num_tiles; tile += gridDim.x / kCl) {
         int m0, n0;
-        tile_origin<kCl, R::kRows>(p, tile, rank, m0, n0);
+        tile_origin<kCl>(p, tile, rank, m0, n0);
         for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
-          const int s = s0 + it % D;
-          if (it >= D) mbar_wait(empty_bar + 8 * s, ((it / D) - 1) & 1);
-          const uint32_t st = base + s * R::kStage, bar = full_bar + 8 * s;
-          mbar_arrive_expect_tx(bar, R::kStage);  // with a cluster, one x sub-tile from the partner
+          const int s = it % kStages;
+          if (it >= kStages) mbar_wait(empty_bar + 8 * s, ((it / kStages) - 1) & 1);
+          const uint32_t st = base + s * kStageBytes, bar = full_bar + 8 * s;
+          mbar_arrive_expect_tx(bar, kStageBytes);  // with a cluster, one x sub-tile from the partner
           if constexpr (kCl == 1) {
             tma_load_2d(st, &tm_x, kt * kBK<T> * 4, m0, bar);
-            tma_load_2d(st + R::kX, &tm_x, kt * kBK<T> * 4 + 2 * kBK<T>, m0, bar);
+            tma_load_2d(st + kXSub, &tm_x, kt * kBK<T> * 4 + 2 * kBK<T>, m0, bar);
           } else {
             tma_load_2d_multicast(st + rank * kXSub, &tm_x, kt * kBK<T> * 4 + rank * 2 * kBK<T>, m0, bar, 0x3);
           }
-          tma_load_3d(st + 2 * R::kX, &tm_p, kt * kBK<T>, n0, 0, bar);
+          tma_load_3d(st + 2 * kXSub, &tm_p, kt * kBK<T>, n0, 0, bar);
           if (writes_xf && kt % p.num_n == n0 / kBN) {  // this block writes k tile kt's planes: a copy
             if (wi > 0) mbar_wait(xempty, (wi - 1) & 1);  // of its x tile for the writers
             mbar_arrive_expect_tx(xfull, 2 * kXSub);
@@ -438,7 +406,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     }
   } else {
     setmaxnreg_inc<kXf ? 224 : 240>();
-    consume<T, kCl, kPP>(p, base, full_bar, empty_bar, num_tiles);
+    consume<T, kCl>(p, base, full_bar, empty_bar, num_tiles);
     // No CTA exits while its partner may still write to it or arrive on its barriers: every multicast
     // into a CTA and every remote arrival precedes its partner's consumers' last wait or arrival.
     // (The cluster barrier waits for the threads that have not exited: the producer warps need not
@@ -473,16 +441,6 @@ bool sm90_clusters(int64_t num_n, int elem_bytes) {
   return elem_bytes == 2 && num_n % 2 == 0 && num_n >= 8;
 }
 
-// Whether the plain forward runs the ping-pong variant (Ring): FLASH_EQLINEAR_SM90_PINGPONG=0 never, =1
-// always; by default for 16-bit layers with c <= 512 (k tiles of 32 channels), where the epilogue is a
-// large share of a tile.
-bool sm90_pingpong(int64_t k_tiles, int elem_bytes) {
-  const char* v = std::getenv("FLASH_EQLINEAR_SM90_PINGPONG");
-  if (v != nullptr && std::strcmp(v, "0") == 0) return false;
-  if (v != nullptr && std::strcmp(v, "1") == 0) return true;
-  return elem_bytes == 2 && k_tiles <= 16;
-}
-
 template <class T>
 cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   *launched = false;
@@ -500,19 +458,13 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   const int smem = p.xf != nullptr ? kSmemXf : kSmem;
   if (major != 9 || smem_optin < smem || !runs_sm90a<T>(dev)) return cudaSuccess;
 
-  const int64_t k_tiles = (p.c + kBK<T> - 1) / kBK<T>;
-  const bool pp = p.xf == nullptr && sm90_pingpong(k_tiles, kE);
-  const int rows = pp ? Ring<true>::kRows : kBM;
-  const int64_t num_m = (p.M + rows - 1) / rows, num_n = (p.d + kBN - 1) / kBN;
+  const int64_t num_m = (p.M + kBM - 1) / kBM, num_n = (p.d + kBN - 1) / kBN;
   if (num_m * num_n > 0x7fffffff - 1024) return cudaSuccess;  // int tile ids (+ the grid stride)
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_m * num_n, num_sms));
-  // ping-pong: the consumers' k-tile counts (tile step x k tiles) stay below 2^31 (6 stages do not divide 2^32)
-  if (pp && (num_m * num_n / grid + 1) * k_tiles >= (int64_t{1} << 31)) return cudaSuccess;
 
   CUtensorMap tm_x, tm_p;
   const cuuint64_t x_dims[2] = {static_cast<cuuint64_t>(4 * p.c), static_cast<cuuint64_t>(p.M)};
   const cuuint64_t x_strides[1] = {static_cast<cuuint64_t>(4 * kE * p.c)};
-  const cuuint32_t x_box[2] = {128 / kE, static_cast<cuuint32_t>(rows)};
+  const cuuint32_t x_box[2] = {128 / kE, kBM};
   const cuuint64_t p_dims[3] = {static_cast<cuuint64_t>(p.c), static_cast<cuuint64_t>(p.d), 4};
   const cuuint64_t p_strides[2] = {static_cast<cuuint64_t>(kE * p.c), static_cast<cuuint64_t>(kE * p.c * p.d)};
   const cuuint32_t p_box[3] = {kBK<T>, kBN, 4};
@@ -529,16 +481,15 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.M = p.M;
   kp.c = static_cast<int>(p.c);
   kp.d = static_cast<int>(p.d);
-  kp.k_tiles = static_cast<int>(k_tiles);
+  kp.k_tiles = static_cast<int>((p.c + kBK<T> - 1) / kBK<T>);
   kp.num_m = static_cast<int>(num_m);
   kp.num_n = static_cast<int>(num_n);
   // Groups of 2 m tiles while the planes fit in about two thirds of L2 (H100: 50 MB): the blocks in
   // flight then cover every n tile, the planes stay resident, and x is read from DRAM about once
   // (c = d = 2048: 5-6% faster than groups of 8, benchmarks/README.md v12). Larger planes are streamed
   // once per group: groups of 8 m tiles read them a quarter as often.
-  // (In rows: 256 / 1024, also for the ping-pong variant's 64-row tiles.)
-  kp.group_m = (4 * kE * p.c * p.d <= (int64_t{32} << 20) ? 2 : 8) * (kBM / rows);
-  if (!pp && p.xf == nullptr && num_n > 1 && sm90_clusters(num_n, kE)) {  // clusters of two sharing x (the kernel, kCl)
+  kp.group_m = 4 * kE * p.c * p.d <= (int64_t{32} << 20) ? 2 : 8;
+  if (p.xf == nullptr && num_n > 1 && sm90_clusters(num_n, kE)) {  // clusters of two sharing x (the kernel, kCl)
     auto kernel = eq_linear_fwd_sm90_kernel<T, false, 2>;
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
@@ -575,11 +526,10 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
     }
   }
   kp.num_ng = kp.num_n;
-  auto kernel = p.xf != nullptr ? eq_linear_fwd_sm90_kernel<T, true>
-                : pp            ? eq_linear_fwd_sm90_kernel<T, false, 1, true>
-                                : eq_linear_fwd_sm90_kernel<T, false>;
+  auto kernel = p.xf != nullptr ? eq_linear_fwd_sm90_kernel<T, true> : eq_linear_fwd_sm90_kernel<T, false>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_m * num_n, num_sms));
   *launched = true;
   return launch_maybe_pdl(dim3(grid), dim3(kThreads), smem, stream, kernel, tm_x, tm_p, kp);
 }

@@ -113,17 +113,15 @@ SM90_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("path", ["sm90", "sm90-cluster", "sm90-pingpong", "portable"])
+@pytest.mark.parametrize("path", ["sm90", "sm90-cluster", "portable"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("M, c, d", SM90_SHAPES)
 def test_forward_each_path(M, c, d, dtype, path, monkeypatch):
     # FLASH_EQLINEAR_SM90=0 forces the portable mma.sync kernel where the sm_90a one would run
     # (elsewhere both settings run the portable kernel); FLASH_EQLINEAR_SM90_CLUSTER=2 the sm_90a
-    # kernel in clusters of two, FLASH_EQLINEAR_SM90_PINGPONG=1 its ping-pong variant (=0: the
-    # cooperative one). Each path: fp64 criterion, bitwise repeatable.
+    # kernel in clusters of two. Each path: fp64 criterion, bitwise repeatable.
     monkeypatch.setenv("FLASH_EQLINEAR_SM90", "0" if path == "portable" else "1")
     monkeypatch.setenv("FLASH_EQLINEAR_SM90_CLUSTER", "2" if path == "sm90-cluster" else "1")
-    monkeypatch.setenv("FLASH_EQLINEAR_SM90_PINGPONG", "1" if path == "sm90-pingpong" else "0")
     monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")  # small shapes would take the narrow kernel
     x, planes, b = make(M, c, d, dtype, seed=M + 3 * c + 7 * d)
     op = torch.ops.flash_eqlinear.eq_linear_fwd
@@ -143,7 +141,6 @@ def test_forward_clusters(M, c, d, dtype, monkeypatch):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm_90a kernel only")
     monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1")
-    monkeypatch.setenv("FLASH_EQLINEAR_SM90_PINGPONG", "0")
     monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
     x, planes, b = make(M, c, d, dtype, seed=M + 5 * c + 3 * d)
     op = torch.ops.flash_eqlinear.eq_linear_fwd
@@ -154,7 +151,7 @@ def test_forward_clusters(M, c, d, dtype, monkeypatch):
     names = launched_kernels(lambda: out.append(op(x, planes, b)))
     kernels = [n for n in names if "eq_linear_fwd_sm90_kernel" in n]
     if (d + 63) // 64 > 1:
-        assert kernels and all(", 2, false>" in n for n in kernels), names
+        assert kernels and all(", 2>" in n for n in kernels), names
     assert torch.equal(out[0], y1)
 
 
@@ -170,34 +167,11 @@ def test_forward_cluster_default(c, d, clusters, monkeypatch):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm_90a kernel only")
     monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1")
-    monkeypatch.setenv("FLASH_EQLINEAR_SM90_PINGPONG", "0")  # clusters: cooperative variant only
     monkeypatch.delenv("FLASH_EQLINEAR_SM90_CLUSTER", raising=False)
     x, planes, b = make(1000, c, d, torch.bfloat16, seed=c + d)
     names = launched_kernels(lambda: torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b))
     kernels = [n for n in names if "eq_linear_fwd_sm90_kernel" in n]
-    assert len(kernels) == 1 and (", 2, false>" in kernels[0]) == clusters, names
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("c, pingpong", [(64, True), (192, True), (512, True), (520, False), (1024, False)])
-def test_forward_pingpong_default(c, pingpong, dtype, monkeypatch):
-    # Without the switch, 16-bit layers with c <= 512 (k tiles of 32 channels) run the ping-pong variant,
-    # the others the cooperative one (TF32: only where forced, test_tf32_path). Both give the same output
-    # bit for bit (the same fragments, wgmma order and epilogue per row).
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the sm_90a kernel only")
-    monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1")
-    monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
-    monkeypatch.delenv("FLASH_EQLINEAR_SM90_PINGPONG", raising=False)
-    x, planes, b = make(1000, c, 136, dtype, seed=c)
-    op = torch.ops.flash_eqlinear.eq_linear_fwd
-    out = []
-    names = launched_kernels(lambda: out.append(op(x, planes, b)))
-    kernels = [n for n in names if "eq_linear_fwd_sm90_kernel" in n]
-    assert len(kernels) == 1 and (", true>" in kernels[0]) == pingpong, names
-    for forced in ("0", "1"):
-        monkeypatch.setenv("FLASH_EQLINEAR_SM90_PINGPONG", forced)
-        assert torch.equal(op(x, planes, b), out[0])
+    assert len(kernels) == 1 and (", 2>" in kernels[0]) == clusters, names
 
 
 # Shapes of the narrow kernel (c, d <= 32): both warp tiles (d <= 16: 16 rows, else 8), both K widths
@@ -391,13 +365,11 @@ def test_bitwise_reproducible(shape, dtype):
 
 
 # (dtype, c = d, switches, kernel-name fragment): the forward kernels launched with programmatic
-# dependent launch on sm_90+ (the Hopper kernel alone, in clusters and ping-pong, the narrow kernel's
-# FFMA and mma.sync variants, the FP32 tiles).
-COOPERATIVE = {"FLASH_EQLINEAR_SM90_PINGPONG": "0"}
+# dependent launch on sm_90+ (the Hopper kernel alone and in clusters, the narrow kernel's FFMA and
+# mma.sync variants, the FP32 tiles).
 PDL_CASES = [
-    (torch.float16, 64, {"FLASH_EQLINEAR_SM90_CLUSTER": "1", **COOPERATIVE}, "eq_linear_fwd_sm90_kernel"),
-    (torch.bfloat16, 256, {"FLASH_EQLINEAR_SM90_CLUSTER": "2", **COOPERATIVE}, "eq_linear_fwd_sm90_kernel"),
-    (torch.bfloat16, 192, {"FLASH_EQLINEAR_SM90_PINGPONG": "1"}, "eq_linear_fwd_sm90_kernel"),
+    (torch.float16, 64, {"FLASH_EQLINEAR_SM90_CLUSTER": "1"}, "eq_linear_fwd_sm90_kernel"),
+    (torch.bfloat16, 256, {"FLASH_EQLINEAR_SM90_CLUSTER": "2"}, "eq_linear_fwd_sm90_kernel"),
     (torch.float16, 16, {"FLASH_EQLINEAR_NARROW": "1"}, "narrow_mma"),
     (torch.float32, 32, {"FLASH_EQLINEAR_NARROW": "1"}, "eq_linear_fwd_narrow_kernel"),
     (torch.float32, 64, {"FLASH_EQLINEAR_NARROW": "0"}, "eq_linear_fwd_fp32_kernel"),
@@ -751,7 +723,7 @@ def allow_tf32():
     torch.backends.cuda.matmul.allow_tf32 = prev
 
 
-@pytest.mark.parametrize("sm90", ["sm90", "sm90-pingpong", "dft-cublas"])
+@pytest.mark.parametrize("sm90", [True, False], ids=["sm90", "dft-cublas"])
 @pytest.mark.parametrize("mode", ["fused", "gemm"])
 @pytest.mark.parametrize(
     "M, c, d", [(257, 59, 48), (7, 3, 1), (4097, 64, 200), (300, 1025, 16), (1000, 36, 50), (20000, 64, 130)]
@@ -764,9 +736,8 @@ def test_tf32_path(M, c, d, mode, sm90, allow_tf32, monkeypatch):
     from flash_eqlinear import ops
 
     monkeypatch.setattr(ops, "WEIGHT_GRAD", mode)
-    if sm90 == "dft-cublas":
+    if not sm90:
         monkeypatch.setenv("FLASH_EQLINEAR_SM90", "0")
-    monkeypatch.setenv("FLASH_EQLINEAR_SM90_PINGPONG", "1" if sm90 == "sm90-pingpong" else "0")
     monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")  # the narrow kernel is exact FP32, not TF32
     x, planes, b = make(M, c, d, torch.float32, seed=M + c)
     g = torch.randn(M, 4 * d, device=DEV)
