@@ -56,7 +56,10 @@ GEMM_WEIGHT_GRAD_MIN_CD = {torch.float32: 768 * 768, torch.float16: 2**17, torch
 # fp16 / bf16 where the Hopper weight-gradient kernel runs (1.5-1.7x the mma.sync one). Training forward
 # + backward of one layer, H100, bf16, us, fused / GEMM form: M = 25216: 326 / 372 (c, d = 192, 576),
 # 402 / 449 (192, 768), 460 / 438 (768, 192), 494 / 501 (256, 768), 615 / 630 (256, 1024); M = 32768:
-# 232 / 306 (256, 256), 761 / 746 (512, 512) (benchmarks/results/weight_grad_b5704bb.md).
+# 232 / 306 (256, 256), 761 / 746 (512, 512) (benchmarks/results/weight_grad_b5704bb.md). At the threshold
+# itself narrow layers (min(c, d) <= 256, e.g. ViT-L's fc layers, 256 x 1024) keep the fused kernel: the
+# EQ-ViT-L bf16 training step measured 116.1-116.3 ms against 117.5-117.6 with the GEMM form there
+# (H100, two rounds; benchmarks/README.md v17).
 GEMM_WEIGHT_GRAD_MIN_CD_SM90 = 2**18
 
 
@@ -158,6 +161,8 @@ if kernels_available():
         min_cd = GEMM_WEIGHT_GRAD_MIN_CD[torch.float16 if tf32 else dtype]
         if dtype != torch.float32 and c % 2 == 0 and d % 2 == 0 and _sm90(device_index):
             min_cd = GEMM_WEIGHT_GRAD_MIN_CD_SM90
+            if c * d == min_cd and min(c, d) <= 256:
+                return "fused"
         return "gemm" if c * d >= min_cd else "fused"
 
     @torch.library.register_fake("flash_eqlinear::eq_linear_bwd")

@@ -916,6 +916,24 @@ def check_fused_weight_grad(M, c, d, dtype):
     assert torch.equal(again[0], gp) and torch.equal(again[1], gb)  # deterministic
 
 
+HOPPER_WEIGHT_GRAD_MODES = [(192, 768, "fused"), (256, 1024, "fused"), (1024, 256, "fused")]
+HOPPER_WEIGHT_GRAD_MODES += [(512, 512, "gemm"), (2048, 256, "gemm")]
+
+
+@pytest.mark.parametrize("c, d, mode", HOPPER_WEIGHT_GRAD_MODES)
+def test_weight_grad_mode_on_hopper(c, d, mode, monkeypatch):
+    # fp16 / bf16 on Hopper: the fused (Hopper) weight gradient below c·d = 2^18, and at 2^18 for narrow
+    # layers (min(c, d) <= 256: ViT-L's fc layers); the GEMM form from there.
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Hopper dispatch only")
+    from flash_eqlinear import ops
+
+    monkeypatch.setattr(ops, "WEIGHT_GRAD", "auto")
+    monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1")
+    for dtype in (torch.float16, torch.bfloat16):
+        assert ops.weight_grad_mode(c, d, dtype) == mode
+
+
 # Shapes of the Hopper weight-gradient kernel (c, d even): ragged tiles (c % 64, d % 128), c < 64, several
 # row chunks (and bias tiles spread over the c tiles), M off the 32-row k tile, the ViT-B qkv layer.
 SM90_WEIGHT_GRAD_SHAPES = [(1, 2, 2), (33, 16, 48), (4097, 48, 200), (3001, 130, 258), (700, 200, 1026)]
