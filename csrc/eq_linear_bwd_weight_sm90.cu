@@ -46,7 +46,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -86,57 +85,18 @@ struct KParams {
   float* ws_bias;
   int64_t M, chunk_rows;
   int c, d, ldw;
-  int scratch_poll;
 };
 
-// The block's TMA loads, issued by one thread (warp 0's lane 0) as their stages free up: raw grad_y and
-// raw x each in k-tile order, independently, without blocking (the thread transforms x between calls).
-struct Loader {
-  const CUtensorMap* tm_gy;
-  const CUtensorMap* tm_x;
-  uint32_t base;
-  int o0, c0, row0, KT, boxes;
-  int ng = 0, nx = 0;  // the next k tile to load, of grad_y and of x
-  // (A template only so that targets without the kernel body, which never call it, do not warn.)
-  template <int = 0>
-  __device__ __forceinline__ void pump(const Bars& bar) {
-    for (; ng < KT; ++ng) {
-      const int sg = ng % kGyStages;
-      if (ng >= kGyStages && !mbar_test<0>(bar.gy_empty + 8 * sg, ((ng / kGyStages) - 1) & 1)) break;
-      mbar_arrive_expect_tx(bar.gy_full + 8 * sg, boxes * kGyBox);
-      for (int b = 0; b < boxes; ++b)
-        tma_load_2d(base + sg * kGyBytes + b * kGyBox, tm_gy, (o0 + 16 * b) * 4, row0 + ng * kBK, bar.gy_full + 8 * sg);
-    }
-    for (; nx < KT; ++nx) {
-      const int sx = nx % kXStages;
-      if (nx >= kXStages && !mbar_test<0>(bar.x_empty + 8 * sx, ((nx / kXStages) - 1) & 1)) break;
-      mbar_arrive_expect_tx(bar.x_full + 8 * sx, kXBytes);
-      tma_load_2d(base + kXOff + sx * kXBytes, tm_x, c0 * 4, row0 + nx * kBK, bar.x_full + 8 * sx);
-    }
-  }
-};
-
-// x's four planes of every k tile (header), by transform warps first_warp .. 3 (nw of them); with a loader
-// (warp 0's lane 0), its loads are issued between units and while waiting, so no wait can block them.
-template <class T, bool kLoads>
-__device__ __forceinline__ void transform_x(uint32_t base, const Bars& bar, int KT, int nw, Loader& loader,
-                                            bool issuer) {
-  const int wt = (threadIdx.x >> 5) - (4 - nw), lane = threadIdx.x & 31;
-  auto wait = [&](uint32_t b, uint32_t parity) {
-    if constexpr (kLoads) {
-      while (!mbar_test(b, parity))
-        if (issuer) loader.pump(bar);
-    } else {
-      mbar_wait(b, parity);
-    }
-  };
+// Producer warps 1-3: x's four planes of every k tile (header).
+template <class T>
+__device__ __forceinline__ void transform_x(uint32_t base, const Bars& bar, int KT) {
+  const int wt = (threadIdx.x >> 5) - 1, lane = threadIdx.x & 31;
   for (int kt = 0; kt < KT; ++kt) {
     const int s = kt % kXStages, buf = kt % kPlaneBufs;
-    wait(bar.x_full + 8 * s, (kt / kXStages) & 1);
-    if (kt >= kPlaneBufs) wait(bar.pfree + 8 * buf, ((kt / kPlaneBufs) - 1) & 1);  // its last tile was read
+    mbar_wait(bar.x_full + 8 * s, (kt / kXStages) & 1);
+    if (kt >= kPlaneBufs) mbar_wait(bar.pfree + 8 * buf, ((kt / kPlaneBufs) - 1) & 1);  // its last tile was read
     const uint32_t xr = base + kXOff + s * kXBytes, pb = base + kPlanesOff + buf * 4 * kPlane;
-    for (int u = wt; u < 8; u += nw) {  // unit: 32 channels x 8 rows
-      if (kLoads && issuer) loader.pump(bar);
+    for (int u = wt; u < 8; u += kXformWarps) {  // unit: 32 channels x 8 rows
       const int ci = 32 * (u & 1) + lane, mg = u >> 1;
       uint32_t packed[4][4];  // [plane][row pair]
 #pragma unroll
@@ -307,10 +267,10 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
     }
     for (int s = 0; s < kXStages; ++s) {
       mbar_init(bar.x_full + 8 * s, 1);
-      mbar_init(bar.x_empty + 8 * s, p.scratch_poll ? 4 : kXformWarps);
+      mbar_init(bar.x_empty + 8 * s, kXformWarps);
     }
     for (int b = 0; b < kPlaneBufs; ++b) {
-      mbar_init(bar.ready + 8 * b, p.scratch_poll ? 4 : kXformWarps);
+      mbar_init(bar.ready + 8 * b, kXformWarps);
       mbar_init(bar.pfree + 8 * b, consumer_warps);
     }
     mbar_fence_init();
@@ -319,21 +279,7 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
     setmaxnreg_dec<48>();
-    if (p.scratch_poll) {
-      Loader ld{&tm_gy, &tm_x, base, static_cast<int>(blockIdx.x) * kBD, static_cast<int>(blockIdx.y) * kBC,
-                static_cast<int>(mb), KT, consumer_warps};
-      if (threadIdx.x == 0) {
-        tma_prefetch_desc(&tm_gy);
-        tma_prefetch_desc(&tm_x);
-      }
-      if (threadIdx.x < 32) {
-        transform_x<T, true>(base, bar, KT, 4, ld, threadIdx.x == 0);
-        if (threadIdx.x == 0)
-          while (ld.ng < KT || ld.nx < KT) ld.pump(bar);  // the loads after the last wait
-      } else {
-        transform_x<T, false>(base, bar, KT, 4, ld, false);
-      }
-    } else if (threadIdx.x == 0) {
+    if (threadIdx.x == 0) {
       tma_prefetch_desc(&tm_gy);
       tma_prefetch_desc(&tm_x);
       const int o0 = static_cast<int>(blockIdx.x) * kBD, c0 = static_cast<int>(blockIdx.y) * kBC;
@@ -349,8 +295,7 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
         tma_load_2d(base + kXOff + sx * kXBytes, &tm_x, c0 * 4, row, bar.x_full + 8 * sx);
       }
     } else if (threadIdx.x >= 32) {
-      Loader none{};
-      transform_x<T, false>(base, bar, KT, kXformWarps, none, false);
+      transform_x<T>(base, bar, KT);
     }
   } else {
     setmaxnreg_inc<224>();
@@ -375,7 +320,7 @@ cudaError_t launch(const BwdWeightSm90Args& a, cudaStream_t stream) {
   if (!encode(&tm_gy, a.gy, kE, 2, g_dims, g_strides, g_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
       !encode(&tm_x, a.x, kE, 2, x_dims, x_strides, x_box, CU_TENSOR_MAP_SWIZZLE_NONE))
     return cudaErrorInvalidValue;
-  KParams kp{a.ws, a.ws_bias, a.M, a.chunk_rows, a.c, a.d, a.ldw, std::getenv("FLASH_EQLINEAR_SCRATCH_POLL") != nullptr};
+  KParams kp{a.ws, a.ws_bias, a.M, a.chunk_rows, a.c, a.d, a.ldw};
   auto kernel = eq_bwd_weight_sm90_kernel<T>;
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (e != cudaSuccess) return e;

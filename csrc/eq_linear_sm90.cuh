@@ -188,21 +188,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #endif
 }
 
-// Whether the phase with the given parity has completed, waiting for it at most about kHintNs (the thread
-// sleeps meanwhile instead of spinning on the issue slots).
-template <uint32_t kHintNs = 200>
-__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-#ifdef FLASH_EQLINEAR_WGMMA
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity), "n"(kHintNs)
-      : "memory");
-#endif
-  return done != 0;
-}
-
 __device__ __forceinline__ void tma_prefetch_desc(const void* tmap) {
 #ifdef FLASH_EQLINEAR_WGMMA
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
