@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_op import graphed  # noqa: E402
-from common import RESULTS, bench, env_switch, environment, git_commit, save_json  # noqa: E402
+from bench_op import graphed_ms  # noqa: E402
+from common import RESULTS, environment, git_commit, save_json  # noqa: E402
 
 import flash_eqlinear  # noqa: E402, F401  (registers the ops)
 
@@ -44,9 +44,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 def us(fn, sm90: str = "1") -> float:
     """us per call of fn, replayed from a CUDA graph captured with FLASH_EQLINEAR_SM90=sm90."""
-    with env_switch("FLASH_EQLINEAR_SM90", sm90):
-        replay = graphed(fn, [()])
-    return bench(replay, [()], min_time_s=0.15) * 1e3
+    return graphed_ms(fn, [()], {"FLASH_EQLINEAR_SM90": sm90}, min_time_s=0.15) * 1e3
 
 
 def run_shape(M: int, c: int, d: int, dt: torch.dtype) -> dict:
