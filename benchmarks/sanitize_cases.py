@@ -96,8 +96,8 @@ def check_weight_grad(dtype, M, c, d, what, group_dft=False):
 for dtype in (torch.float32, torch.float16, torch.bfloat16) if "bwd" in DIRECTIONS else ():
     for M, c, d in BWD_SHAPES:
         check_weight_grad(dtype, M, c, d, "bwd_weight", group_dft=True)
-# The 16-bit weight gradient where its Hopper kernel runs (c, d even): ragged tiles, c < 64, tiles in several
-# pieces, CTAs running several tiles' pieces (40 rows), both classes of tiles, M off the 32-row k tile.
+# The 16-bit weight gradient where its Hopper kernel runs (c, d even): ragged tiles, c < 64, several row
+# chunks, M off the 32-row k tile, last o tiles of 64 channels beside full ones.
 WGRAD_SHAPES = [(1, 2, 2), (33, 16, 48), (4097, 48, 200), (3001, 130, 258), (700, 200, 1026), (9000, 66, 16)]
 WGRAD_SHAPES += [(40, 130, 258), (3000, 64, 192)]
 for dtype in (torch.float16, torch.bfloat16) if "wgrad" in DIRECTIONS else ():

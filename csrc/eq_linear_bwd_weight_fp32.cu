@@ -418,8 +418,8 @@ cudaError_t eq_linear_bwd_weight_fp32(const BwdWeightParams& p, cudaStream_t str
   err = plan.cfg == 0 ? dispatch_vec<BigCfg>(p, plan, dst, bias_dst, ld, direct, vec_dst, stream)
                       : dispatch_vec<SmallCfg>(p, plan, dst, bias_dst, ld, direct, vec_dst, stream);
   if (err != cudaSuccess || direct) return err;
-  return split::launch_reduce<float>(dst, ws_bias, out, out_bias, split::UniformSplits{plan.S, plan.S}, c, d, ld,
-                                     0.5f, kInvSqrt2, sms, stream);
+  return split::launch_reduce<float>(dst, ws_bias, out, out_bias, plan.S, c, d, ld, 0.5f, kInvSqrt2, sms,
+                                     stream);
 }
 
 }  // namespace flash_eqlinear

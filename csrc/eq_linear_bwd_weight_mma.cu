@@ -1,8 +1,7 @@
 // Fused p4 EQ-Linear weight backward on tensor cores (mma.sync m16n8k16, FP32 accumulation), fp16
 // and bf16 from one template; sm_80 / sm_89 / sm_90. Math and layouts: eq_linear_bwd_weight.h.
 // Its launcher also runs the Hopper kernel instead where that one is eligible
-// (eq_linear_bwd_weight_sm90.cu: a stream-K split of its own, eq_linear_bwd_weight_sm90.h, into the
-// same kind of workspace and through the same reduce kernel).
+// (eq_linear_bwd_weight_sm90.cu: same split plan machinery, workspace layout and reduce kernel).
 //
 // GEMM view: the output tile is BD output channels o x BC input channels ci, the reduction (k)
 // runs over rows m. A[o][m] = the transform of grad_y (g0, gR, gI, g2), B[m][ci] = the transform
@@ -337,25 +336,20 @@ cudaError_t device_info(int device, DeviceInfo& info) {
 
 bool use_bk32(const DeviceInfo& info) { return info.smem_optin >= WCfg32::kSmem; }
 
-// The kernel (the Hopper one where it runs, with its stream-K split, else mma.sync with the uniform
-// split) and its plan; the workspace query and the launch make the same choice.
+// The kernel (the Hopper one where it runs, else mma.sync) and its split plan; the workspace query and
+// the launch make the same choice.
 struct Choice {
+  split::Plan plan;
   bool sm90 = false;
-  split::Plan plan;         // mma.sync
-  Sm90StreamPlan stream;    // Hopper
-  size_t workspace = 0;     // bytes
+  int64_t bias_parts = 1;  // bias partials per row chunk
 };
 
 Choice choose(int64_t M, int64_t c, int64_t d, const DeviceInfo& info, int dev) {
   Choice ch;
   ch.sm90 = eq_bwd_weight_sm90_eligible(M, c, d, dev);
-  if (ch.sm90) {
-    ch.stream = make_sm90_stream_plan(M, c, d, info.sms);
-    ch.workspace = sm90_stream_workspace_bytes(ch.stream, c, d);
-  } else {
-    ch.plan = split::make_plan(M, c, d, info.sms, use_bk32(info) ? &kModel32 : &kModel16, 1);
-    ch.workspace = split::workspace_bytes(ch.plan, true, c, d);
-  }
+  const split::TileModel* model = ch.sm90 ? &kBwdWeightSm90Model : use_bk32(info) ? &kModel32 : &kModel16;
+  ch.plan = split::make_plan(M, c, d, info.sms, model, 1);
+  if (ch.sm90) ch.bias_parts = eq_bwd_weight_sm90_bias_parts(c);
   return ch;
 }
 
@@ -390,10 +384,9 @@ cudaError_t bwd_weight_mma(const BwdWeightParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const Choice ch = choose(p.M, p.c, p.d, info, dev);
   const split::Plan& plan = ch.plan;
-  const int slabs = ch.sm90 ? ch.stream.max_pieces : plan.S;
-  if (slabs < 1) return cudaErrorInvalidConfiguration;
-  if (p.workspace == nullptr || p.workspace_bytes < ch.workspace || !aligned16(p.workspace))
-    return cudaErrorInvalidValue;
+  if (plan.S < 1) return cudaErrorInvalidConfiguration;
+  const size_t need = split::workspace_bytes(plan, true, p.c, p.d, ch.bias_parts);
+  if (p.workspace == nullptr || p.workspace_bytes < need || !aligned16(p.workspace)) return cudaErrorInvalidValue;
 
   KParams kp;
   kp.x = p.x;
@@ -404,26 +397,22 @@ cudaError_t bwd_weight_mma(const BwdWeightParams& p, cudaStream_t stream) {
   kp.d = int(p.d);
   kp.ldw = int(split::round_up4(p.c));
   kp.ws = static_cast<float*>(p.workspace);
-  float* const ws_bias = kp.ws + int64_t(slabs) * 4 * kp.d * kp.ldw;
+  float* const ws_bias = kp.ws + int64_t(plan.S) * 4 * kp.d * kp.ldw;
   kp.ws_bias = out_bias != nullptr ? ws_bias : nullptr;
 
-  // Halved fp16 transforms: the accumulators hold 1/4 of the sums.
-  const float k = Elem<T>::kHalve ? 4.f : 1.f, s_real = 0.5f * k, s_cplx = 0.70710678118654752f * k;
-  if (ch.sm90) {
-    const BwdWeightSm90Args a{p.x, p.gy, kp.ws, kp.ws_bias, p.M, kp.c, kp.d, kp.ldw, ch.stream};
-    err = std::is_same_v<T, __half> ? eq_bwd_weight_sm90_fp16(a, stream) : eq_bwd_weight_sm90_bf16(a, stream);
-    if (err != cudaSuccess) return err;
-    return split::launch_reduce<T>(kp.ws, ws_bias, out, out_bias, ch.stream, kp.c, kp.d, kp.ldw, s_real, s_cplx,
-                                   info.sms, stream);
-  }
   const bool fast = p.c % 2 == 0 && p.d % 2 == 0;
-  if (use_bk32(info))
+  if (ch.sm90) {
+    const BwdWeightSm90Args a{p.x, p.gy, kp.ws, kp.ws_bias, p.M, plan.chunk_rows, kp.c, kp.d, kp.ldw, plan.S};
+    err = std::is_same_v<T, __half> ? eq_bwd_weight_sm90_fp16(a, stream) : eq_bwd_weight_sm90_bf16(a, stream);
+  } else if (use_bk32(info))
     err = fast ? launch<T, WCfg32, true>(kp, plan, stream) : launch<T, WCfg32, false>(kp, plan, stream);
   else
     err = fast ? launch<T, WCfg16, true>(kp, plan, stream) : launch<T, WCfg16, false>(kp, plan, stream);
   if (err != cudaSuccess) return err;
-  return split::launch_reduce<T>(kp.ws, ws_bias, out, out_bias, split::UniformSplits{plan.S, plan.S}, kp.c, kp.d,
-                                 kp.ldw, s_real, s_cplx, info.sms, stream);
+  // Halved fp16 transforms: the accumulators hold 1/4 of the sums.
+  const float k = Elem<T>::kHalve ? 4.f : 1.f;
+  return split::launch_reduce<T>(kp.ws, ws_bias, out, out_bias, plan.S, kp.c, kp.d, kp.ldw, 0.5f * k,
+                                 0.70710678118654752f * k, info.sms, stream, int(plan.S * ch.bias_parts));
 }
 
 }  // namespace
@@ -432,7 +421,8 @@ size_t eq_linear_bwd_weight_workspace_bytes(int64_t M, int64_t c, int64_t d, int
   DeviceInfo info;
   if (M <= 0 || !sizes_ok(M, c, d) || device_info(device, info) != cudaSuccess) return 0;
   if (elem_bytes == 4) return eq_linear_bwd_weight_fp32_workspace_bytes(M, c, d, info.sms);
-  return choose(M, c, d, info, device).workspace;
+  const Choice ch = choose(M, c, d, info, device);
+  return split::workspace_bytes(ch.plan, true, c, d, ch.bias_parts);
 }
 
 cudaError_t eq_linear_bwd_weight_fp16(const BwdWeightParams& p, cudaStream_t stream) {

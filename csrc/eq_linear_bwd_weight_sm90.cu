@@ -1,12 +1,11 @@
 // Fused p4 EQ-Linear weight gradient for Hopper (sm_90a): TMA loads, register-A wgmma, fp16 and bf16
-// from one template. Math: eq_linear_bwd_weight.h; the stream-K split over rows:
-// eq_linear_bwd_weight_sm90.h (the launcher in eq_linear_bwd_weight_mma.cu plans, allocates and
-// reduces, eq_linear_bwd_weight_split.cuh).
+// from one template. Math: eq_linear_bwd_weight.h; split over rows and reduce:
+// eq_linear_bwd_weight_split.cuh (the launcher in eq_linear_bwd_weight_mma.cu plans, allocates and
+// reduces).
 //
-// GEMM view, as in the mma.sync kernel: tile 128 output channels o x 64 input channels ci x the 4
-// accumulator sets (P0, PR, PI, P2); the reduction (k) runs over the rows m in k tiles of 32 rows. One
-// CTA per SM works through its share of the k tiles: pieces of one or more tiles, each ending in an
-// FP32 partial of its tile. Per k16 step six wgmma m64n64k16 per consumer warpgroup:
+// GEMM view, as in the mma.sync kernel: block tile 128 output channels o x 64 input channels ci x the
+// 4 accumulator sets (P0, PR, PI, P2); the reduction (k) runs over the rows m of the block's chunk in
+// k tiles of 32 rows. Per k16 step six wgmma m64n64k16 per consumer warpgroup:
 //   P0 += g0 f0   PR += gR fR + gI fI   PI += gI fR - gR fI (A scale -1)   P2 += g2 f2
 // A (64 o x 16 m per warpgroup) = the transform of grad_y, built in registers from its raw values;
 // B (16 m x 64 ci) = the transform of x, made in shared memory by producer warps.
@@ -38,12 +37,12 @@
 // ahead and the A registers are double buffered, as in the forward kernel (eq_linear_fwd_sm90.cu).
 //
 // grad_bias: the consumers sum the raw grad_y values of their fragment positions in FP32 over the k
-// tiles kt of the piece with kt % (c tiles) == its c tile, so the bias work is spread over the c tiles;
-// each piece writes one bias partial (zero where it had no such k tile), reduced in a fixed order.
+// tiles kt with kt % (c tiles) == blockIdx.y, so the chunk's bias work is spread evenly over its
+// blocks; each writes one bias partial (zero where it had no such tile), reduced in a fixed order.
 //
 // fp16 range: both transforms are halved (as in the mma.sync kernel); the reduce kernel scales.
-// Ragged edges: rows past M (in the last k tile), channels past c or d arrive as zeros from TMA and
-// add nothing. Stores are masked.
+// Ragged edges: rows past M, channels past c or d arrive as zeros from TMA and add nothing; chunks
+// are whole k tiles except the last, which ends at M. Stores are masked.
 
 #include <algorithm>
 #include <cstdint>
@@ -61,7 +60,7 @@
 namespace flash_eqlinear {
 namespace {
 
-constexpr int kBD = kBwdWeightSm90BD, kBC = kBwdWeightSm90BC, kBK = kBwdWeightSm90BK;
+constexpr int kBD = kBwdWeightSm90Model.BD, kBC = kBwdWeightSm90Model.BC, kBK = kBwdWeightSm90Model.BK;
 constexpr int kGyStages = 4, kXStages = 3, kPlaneBufs = 3, kThreads = 384, kXformWarps = 3;
 constexpr uint32_t kGyBox = kBK * 128;                            // 16 o x 4 group values x 32 rows
 constexpr uint32_t kGyBytes = (kBD / 16) * kGyBox;                // 32 KB
@@ -84,26 +83,9 @@ struct Bars {
 struct KParams {
   float* ws;
   float* ws_bias;
+  int64_t M, chunk_rows;
   int c, d, ldw;
-  Sm90StreamPlan sp;
 };
-
-// This CTA's class (0 full, 1 tail), its index b in the class, and its share [begin, end) of the
-// class's units (Sm90StreamPlan).
-struct Share {
-  int cls, b;
-  int64_t begin, end;
-};
-// (A template only so that targets without the kernel body, which never call it, do not warn.)
-template <int = 0>
-__device__ __forceinline__ Share my_share(const Sm90StreamPlan& sp) {
-  Share sh;
-  sh.cls = static_cast<int>(blockIdx.x) >= sp.ctas_full ? 1 : 0;
-  sh.b = static_cast<int>(blockIdx.x) - (sh.cls ? sp.ctas_full : 0);
-  sh.begin = sp.share_begin(sh.cls, sh.b);
-  sh.end = sp.share_begin(sh.cls, sh.b + 1);
-  return sh;
-}
 
 // Producer warps 1-3: x's four planes of every k tile (header).
 template <class T>
@@ -142,11 +124,9 @@ __device__ __forceinline__ void transform_x(uint32_t base, const Bars& bar, int 
   }
 }
 
-// The consumer warpgroups (warps 4-11): the pieces of the CTA's share, one after the other. Their k
-// tiles form one sequence (i) through the rings, so the loads two steps ahead run on into the next
-// piece; at a piece's end the accumulators go to its slab and restart from zero.
+// The consumer warpgroups (warps 4-11).
 template <class T>
-__device__ __forceinline__ void consume(const KParams& p, uint32_t base, const Bars& bar, const Share& sh) {
+__device__ __forceinline__ void consume(const KParams& p, uint32_t base, const Bars& bar, int KT) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, t = lane & 3;
   const int cw = warp - 4;  // consumer warp: o rows 16 cw .. 16 cw + 15 of the tile = gy box cw
@@ -155,9 +135,12 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
   const uint32_t a_hi = cw * kGyBox + (2 * t + 1) * 128 + ((gid ^ (2 * t + 1)) << 4);
   const uint64_t desc0 = wgmma_desc_sw64(base + kPlanesOff);  // plane buffer 0, plane f0, k16 step 0
   const bool bias = p.ws_bias != nullptr;
-  const int num_c = p.sp.num_c, N = static_cast<int>(sh.end - sh.begin);
+  const int num_c = static_cast<int>(gridDim.y), my_c = static_cast<int>(blockIdx.y);
 
   float acc[4][8][4];  // sets: 0 = P0, 1 = PR, 2 = PI, 3 = P2; [n8 block][C fragment]
+  zero_acc(acc);
+  float bsum[2] = {0.f, 0.f};  // raw grad_y of o = 2 gid, 2 gid + 1 (this thread's rows)
+
   uint32_t fa[2][4][4] = {};  // [buffer = k16 step parity][g0, gR, gI, g2][A fragment register]
   // Raw grad_y of k16 step ks: rows 16 ks + (2t, 2t + 1, 2t + 8, 2t + 9), loaded two steps ahead.
   uint4 v[2][4];
@@ -170,94 +153,87 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
   mbar_wait(bar.gy_full, 0);
   load(v[0], base, 0);
   load(v[1], base, 1);
-  int i = 0;  // k tiles consumed by this CTA: stage i % kGyStages, buffer i % kPlaneBufs
-  for (int64_t u = sh.begin; u < sh.end;) {
-    const Sm90Piece pc = p.sp.piece_at(sh.cls, sh.b, sh.end, u);
-    u += pc.kt1 - pc.kt0;
-    zero_acc(acc);
-    float bsum[2] = {0.f, 0.f};  // raw grad_y of o = 2 gid, 2 gid + 1 (this thread's rows)
-    for (int kt = pc.kt0; kt < pc.kt1; ++kt, ++i) {
-      const bool bias_tile = bias && kt % num_c == pc.c_tile;
+  for (int kt = 0; kt < KT; ++kt) {
+    const bool bias_tile = bias && kt % num_c == my_c;
 #pragma unroll
-      for (int ks = 0; ks < 2; ++ks) {
-        uint32_t(&f)[4][4] = fa[ks];
-        const uint4(&w)[4] = v[ks];
-        // register r: o lo / hi (r & 1), rows 2t, 2t + 1 (+ 8 for r >> 1): m pairs from two chunks
+    for (int ks = 0; ks < 2; ++ks) {
+      uint32_t(&f)[4][4] = fa[ks];
+      const uint4(&w)[4] = v[ks];
+      // register r: o lo / hi (r & 1), rows 2t, 2t + 1 (+ 8 for r >> 1): m pairs from two chunks
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const uint4& c0 = w[2 * (r >> 1)];      // row 2t (+ 8)
-          const uint4& c1 = w[2 * (r >> 1) + 1];  // row 2t + 1 (+ 8)
-          const uint32_t lo = (r & 1) ? c0.z : c0.x, hi = (r & 1) ? c0.w : c0.y;
-          const uint32_t lo1 = (r & 1) ? c1.z : c1.x, hi1 = (r & 1) ? c1.w : c1.y;
-          const float2 a = Elem<T>::unpack(lo), b = Elem<T>::unpack(hi);    // g0..g3 at row m
-          const float2 e = Elem<T>::unpack(lo1), g = Elem<T>::unpack(hi1);  // at row m + 1
-          float p0[4], p1[4];
-          dft4<Elem<T>::kHalve>(a.x, a.y, b.x, b.y, p0[0], p0[1], p0[2], p0[3]);
-          dft4<Elem<T>::kHalve>(e.x, e.y, g.x, g.y, p1[0], p1[1], p1[2], p1[3]);
+      for (int r = 0; r < 4; ++r) {
+        const uint4& c0 = w[2 * (r >> 1)];      // row 2t (+ 8)
+        const uint4& c1 = w[2 * (r >> 1) + 1];  // row 2t + 1 (+ 8)
+        const uint32_t lo = (r & 1) ? c0.z : c0.x, hi = (r & 1) ? c0.w : c0.y;
+        const uint32_t lo1 = (r & 1) ? c1.z : c1.x, hi1 = (r & 1) ? c1.w : c1.y;
+        const float2 a = Elem<T>::unpack(lo), b = Elem<T>::unpack(hi);    // g0..g3 at row m
+        const float2 e = Elem<T>::unpack(lo1), g = Elem<T>::unpack(hi1);  // at row m + 1
+        float p0[4], p1[4];
+        dft4<Elem<T>::kHalve>(a.x, a.y, b.x, b.y, p0[0], p0[1], p0[2], p0[3]);
+        dft4<Elem<T>::kHalve>(e.x, e.y, g.x, g.y, p1[0], p1[1], p1[2], p1[3]);
 #pragma unroll
-          for (int pl = 0; pl < 4; ++pl) f[pl][r] = Elem<T>::pack(p0[pl], p1[pl]);
-          if (bias_tile) bsum[r & 1] += ((a.x + a.y) + (b.x + b.y)) + ((e.x + e.y) + (g.x + g.y));
-        }
-        if (ks == 1) {  // k tile i's raw grad_y is in registers now: its stage is free
-          __syncwarp();
-          if (lane == 0) mbar_arrive(bar.gy_empty + 8 * (i % kGyStages));
-        }
-        if (ks == 0) mbar_wait(bar.ready + 8 * (i % kPlaneBufs), (i / kPlaneBufs) & 1);  // x's planes of it
-        const uint64_t dk = desc0 + (((i % kPlaneBufs) * 4 * kPlane + ks * 32) >> 4);
-        const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
-        wgmma_fence();
-        wgmma_m64n64_rs<T, 1>(acc[1], f[1], dr);
-        wgmma_m64n64_rs<T, 1>(acc[2], f[2], dr);
-        wgmma_m64n64_rs<T, 1>(acc[0], f[0], d0);
-        wgmma_m64n64_rs<T, 1>(acc[3], f[3], d2);
-        wgmma_m64n64_rs<T, 1>(acc[1], f[2], di);
-        wgmma_m64n64_rs<T, -1>(acc[2], f[1], di);
-        wgmma_commit();
-        if (i + 1 < N) {  // v[ks] is in f now: load this step's rows of the next k tile (maybe the next piece's)
-          const int next = (i + 1) % kGyStages;
-          if (ks == 0) mbar_wait(bar.gy_full + 8 * next, ((i + 1) / kGyStages) & 1);
-          load(v[ks], base + next * kGyBytes, ks);
-        }
-        wgmma_wait<1>();  // the previous step's group has retired: its A buffer (and stage) are free
-#pragma unroll
-        for (int op = 0; op < 4; ++op) reg_fence(fa[ks ^ 1][op]);
-        // At ks == 0 that previous group was k tile i - 1's last: release its planes' buffer.
-        if (ks == 0 && i > 0 && lane == 0) mbar_arrive(bar.pfree + 8 * ((i - 1) % kPlaneBufs));
+        for (int pl = 0; pl < 4; ++pl) f[pl][r] = Elem<T>::pack(p0[pl], p1[pl]);
+        if (bias_tile) bsum[r & 1] += ((a.x + a.y) + (b.x + b.y)) + ((e.x + e.y) + (g.x + g.y));
       }
+      if (ks == 1) {  // tile kt's raw grad_y is in registers now: its stage is free
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar.gy_empty + 8 * (kt % kGyStages));
+      }
+      if (ks == 0) mbar_wait(bar.ready + 8 * (kt % kPlaneBufs), (kt / kPlaneBufs) & 1);  // x's planes of this tile
+      const uint64_t dk = desc0 + (((kt % kPlaneBufs) * 4 * kPlane + ks * 32) >> 4);
+      const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
+      wgmma_fence();
+      wgmma_m64n64_rs<T, 1>(acc[1], f[1], dr);
+      wgmma_m64n64_rs<T, 1>(acc[2], f[2], dr);
+      wgmma_m64n64_rs<T, 1>(acc[0], f[0], d0);
+      wgmma_m64n64_rs<T, 1>(acc[3], f[3], d2);
+      wgmma_m64n64_rs<T, 1>(acc[1], f[2], di);
+      wgmma_m64n64_rs<T, -1>(acc[2], f[1], di);
+      wgmma_commit();
+      if (kt + 1 < KT) {  // v[ks] is in f now: load this step's rows of the next k tile
+        const int next = (kt + 1) % kGyStages;
+        if (ks == 0) mbar_wait(bar.gy_full + 8 * next, ((kt + 1) / kGyStages) & 1);
+        load(v[ks], base + next * kGyBytes, ks);
+      }
+      wgmma_wait<1>();  // the previous step's group has retired: its A buffer (and stage) are free
+#pragma unroll
+      for (int op = 0; op < 4; ++op) reg_fence(fa[ks ^ 1][op]);
+      // At ks == 0 that previous group was k tile kt - 1's last: release its stage.
+      if (ks == 0 && kt > 0 && lane == 0) mbar_arrive(bar.pfree + 8 * ((kt - 1) % kPlaneBufs));
     }
-    wgmma_retire_all(acc, fa);
+  }
+  wgmma_retire_all(acc, fa);
 
-    // ---- the piece's FP32 partial: one float2 (ci, ci + 1) per (set, o) into slab pc.j; ldw % 4 == 0 and
-    // ci even, so ci < c implies ci + 1 < ldw.
-    const int c = p.c, d = p.d;
-    const int o_lo = pc.o_tile * kBD + 16 * cw + 2 * gid;  // fragment row gid; gid + 8: o_lo + 1
-    const int c0 = pc.c_tile * kBC;
-    float* const ws = p.ws + int64_t(pc.j) * 4 * d * p.ldw;
+  // ---- FP32 partials: one float2 (ci, ci + 1) per (set, o); ldw % 4 == 0 and ci even, so ci < c
+  // implies ci + 1 < ldw.
+  const int c = p.c, d = p.d;
+  const int o_lo = static_cast<int>(blockIdx.x) * kBD + 16 * cw + 2 * gid;  // fragment row gid; gid + 8: o_lo + 1
+  const int c0 = my_c * kBC;
+  float* const ws = p.ws + int64_t(blockIdx.z) * 4 * d * p.ldw;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int ci = c0 + 8 * j + 2 * t;
-      if (ci >= c) continue;
+  for (int j = 0; j < 8; ++j) {
+    const int ci = c0 + 8 * j + 2 * t;
+    if (ci >= c) continue;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int o = o_lo + h;
-        if (o >= d) continue;
+    for (int h = 0; h < 2; ++h) {
+      const int o = o_lo + h;
+      if (o >= d) continue;
 #pragma unroll
-        for (int pl = 0; pl < 4; ++pl)
-          *reinterpret_cast<float2*>(ws + (int64_t(pl) * d + o) * p.ldw + ci) =
-              make_float2(acc[pl][j][2 * h], acc[pl][j][2 * h + 1]);
-      }
+      for (int pl = 0; pl < 4; ++pl)
+        *reinterpret_cast<float2*>(ws + (int64_t(pl) * d + o) * p.ldw + ci) =
+            make_float2(acc[pl][j][2 * h], acc[pl][j][2 * h + 1]);
     }
-    if (bias) {  // the 4 lanes of a gid hold the rows 2t.. of the same o pair: add them in a fixed order
+  }
+  if (bias) {  // the 4 lanes of a gid hold the rows 2t.. of the same o pair: add them in a fixed order
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        bsum[h] += __shfl_xor_sync(0xffffffffu, bsum[h], 1);
-        bsum[h] += __shfl_xor_sync(0xffffffffu, bsum[h], 2);
-      }
-      float* const wb = p.ws_bias + (int64_t(pc.j) * num_c + pc.c_tile) * d;
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        if (t == 0 && o_lo + h < d) wb[o_lo + h] = bsum[h];
+    for (int h = 0; h < 2; ++h) {
+      bsum[h] += __shfl_xor_sync(0xffffffffu, bsum[h], 1);
+      bsum[h] += __shfl_xor_sync(0xffffffffu, bsum[h], 2);
     }
+    float* const wb = p.ws_bias + (int64_t(blockIdx.z) * num_c + my_c) * d;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (t == 0 && o_lo + h < d) wb[o_lo + h] = bsum[h];
   }
 }
 
@@ -275,12 +251,13 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
   bar.x_empty = bar.x_full + 8 * kXStages;
   bar.ready = bar.x_empty + 8 * kXStages;
   bar.pfree = bar.ready + 8 * kPlaneBufs;
-  const Share sh = my_share(p.sp);
-  const int N = static_cast<int>(sh.end - sh.begin);  // k tiles of this CTA, >= 1 (the plan makes no empty share)
-  // The tail class (a last o tile of 64 channels or fewer, d % 128 in 1 .. 64: ViT-B's d = 192, 576)
-  // leaves consumer warpgroup 2 (o rows 64-127) nothing: it idles, its grad_y boxes are not loaded, and
-  // the stages wait for warpgroup 1's four warps only.
-  const bool upper_idle = sh.cls == 1;
+  const int64_t mb = int64_t(blockIdx.z) * p.chunk_rows;  // this block's rows: [mb, me)
+  const int64_t me = std::min(p.M, mb + p.chunk_rows);
+  const int KT = static_cast<int>((me - mb + kBK - 1) / kBK);  // >= 1: the plan makes no empty chunk
+  // A last o tile of 64 channels or fewer (d % 128 in 1 .. 64: ViT-B's d = 192, 576) leaves consumer
+  // warpgroup 2 (o rows 64-127) nothing: it idles, its grad_y boxes are not loaded, and the stages
+  // wait for warpgroup 1's four warps only.
+  const bool upper_idle = static_cast<int>(blockIdx.x) * kBD + 64 >= p.d;
   const int consumer_warps = upper_idle ? 4 : 8;
 
   if (threadIdx.x == 0) {
@@ -305,29 +282,24 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
     if (threadIdx.x == 0) {
       tma_prefetch_desc(&tm_gy);
       tma_prefetch_desc(&tm_x);
-      int i = 0;  // k tiles loaded, over the pieces: stages i % kGyStages, i % kXStages
-      for (int64_t u = sh.begin; u < sh.end;) {
-        const Sm90Piece pc = p.sp.piece_at(sh.cls, sh.b, sh.end, u);
-        u += pc.kt1 - pc.kt0;
-        const int o0 = pc.o_tile * kBD, c0 = pc.c_tile * kBC;
-        for (int kt = pc.kt0; kt < pc.kt1; ++kt, ++i) {
-          const int row = kt * kBK;  // < 2^31: the host bounds M
-          const int sg = i % kGyStages, sx = i % kXStages;
-          if (i >= kGyStages) mbar_wait(bar.gy_empty + 8 * sg, ((i / kGyStages) - 1) & 1);
-          mbar_arrive_expect_tx(bar.gy_full + 8 * sg, consumer_warps * kGyBox);
-          for (int b = 0; b < consumer_warps; ++b)  // box b: o rows 16 b .. 16 b + 15, consumer warp b's
-            tma_load_2d(base + sg * kGyBytes + b * kGyBox, &tm_gy, (o0 + 16 * b) * 4, row, bar.gy_full + 8 * sg);
-          if (i >= kXStages) mbar_wait(bar.x_empty + 8 * sx, ((i / kXStages) - 1) & 1);
-          mbar_arrive_expect_tx(bar.x_full + 8 * sx, kXBytes);
-          tma_load_2d(base + kXOff + sx * kXBytes, &tm_x, c0 * 4, row, bar.x_full + 8 * sx);
-        }
+      const int o0 = static_cast<int>(blockIdx.x) * kBD, c0 = static_cast<int>(blockIdx.y) * kBC;
+      for (int kt = 0; kt < KT; ++kt) {
+        const int row = static_cast<int>(mb) + kt * kBK;  // < 2^31: the host bounds M
+        const int sg = kt % kGyStages, sx = kt % kXStages;
+        if (kt >= kGyStages) mbar_wait(bar.gy_empty + 8 * sg, ((kt / kGyStages) - 1) & 1);
+        mbar_arrive_expect_tx(bar.gy_full + 8 * sg, consumer_warps * kGyBox);
+        for (int b = 0; b < consumer_warps; ++b)  // box b: o rows 16 b .. 16 b + 15, consumer warp b's
+          tma_load_2d(base + sg * kGyBytes + b * kGyBox, &tm_gy, (o0 + 16 * b) * 4, row, bar.gy_full + 8 * sg);
+        if (kt >= kXStages) mbar_wait(bar.x_empty + 8 * sx, ((kt / kXStages) - 1) & 1);
+        mbar_arrive_expect_tx(bar.x_full + 8 * sx, kXBytes);
+        tma_load_2d(base + kXOff + sx * kXBytes, &tm_x, c0 * 4, row, bar.x_full + 8 * sx);
       }
     } else if (threadIdx.x >= 32) {
-      transform_x<T>(base, bar, N);  // the same k tiles in the same order; the tiles do not matter there
+      transform_x<T>(base, bar, KT);
     }
   } else {
     setmaxnreg_inc<224>();
-    if (threadIdx.x < 256 || !upper_idle) consume<T>(p, base, bar, sh);
+    if (threadIdx.x < 256 || !upper_idle) consume<T>(p, base, bar, KT);
   }
 #else
   (void)tm_gy, (void)tm_x, (void)p;
@@ -348,13 +320,13 @@ cudaError_t launch(const BwdWeightSm90Args& a, cudaStream_t stream) {
   if (!encode(&tm_gy, a.gy, kE, 2, g_dims, g_strides, g_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
       !encode(&tm_x, a.x, kE, 2, x_dims, x_strides, x_box, CU_TENSOR_MAP_SWIZZLE_NONE))
     return cudaErrorInvalidValue;
-  KParams kp{a.ws, a.ws_bias, a.c, a.d, a.ldw, a.plan};
+  KParams kp{a.ws, a.ws_bias, a.M, a.chunk_rows, a.c, a.d, a.ldw};
   auto kernel = eq_bwd_weight_sm90_kernel<T>;
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (e != cudaSuccess) return e;
-  const int ctas = a.plan.ctas_full + a.plan.ctas_tail;
-  if (ctas < 1 || a.plan.kt < 1) return cudaErrorInvalidConfiguration;
-  kernel<<<ctas, kThreads, kSmem, stream>>>(tm_gy, tm_x, kp);
+  const int64_t grid_d = (a.d + kBD - 1) / kBD, grid_c = (a.c + kBC - 1) / kBC;
+  if (grid_d > 0x7fffffff || grid_c > 65535 || a.S < 1 || a.S > 65535) return cudaErrorInvalidConfiguration;
+  kernel<<<dim3(unsigned(grid_d), unsigned(grid_c), unsigned(a.S)), kThreads, kSmem, stream>>>(tm_gy, tm_x, kp);
   return cudaGetLastError();
 }
 

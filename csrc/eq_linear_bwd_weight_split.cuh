@@ -97,50 +97,36 @@ inline Plan make_plan(int64_t M, int64_t c, int64_t d, int sms, const TileModel*
   return best;
 }
 
-// Workspace (bytes): S partial tiles [4][d][ldw] then S bias partials [d], FP32. 0 when unused.
-inline size_t workspace_bytes(const Plan& plan, bool always_reduce, int64_t c, int64_t d) {
+// Workspace (bytes): S partial tiles [4][d][ldw] then S * bias_parts bias partials [d], FP32 (a kernel
+// may split each chunk's bias sum over bias_parts blocks). 0 when unused.
+inline size_t workspace_bytes(const Plan& plan, bool always_reduce, int64_t c, int64_t d, int64_t bias_parts = 1) {
   if (plan.S < 1 || (plan.S == 1 && !always_reduce)) return 0;
-  return size_t(plan.S) * size_t(4 * d * round_up4(c) + d) * sizeof(float);
+  return size_t(plan.S) * size_t(4 * d * round_up4(c) + bias_parts * d) * sizeof(float);
 }
 
-// Which partials the reduce kernel sums: slabs(o, ci) partial slabs at output (o, ci) (ci % 4 == 0:
-// the 4 channels of a float4 group share it), and bias_sum(ws_bias, o, d), grad_bias[o] from the bias
-// partials, in a fixed order. The uniform split: S slabs everywhere, bias partials [S_bias][d] summed in
-// order (the Hopper weight gradient's stream-K split has its own: eq_linear_bwd_weight_sm90.h).
-struct UniformSplits {
-  int S, S_bias;
-  __host__ __device__ int slabs(int, int) const { return S; }
-  __host__ __device__ float bias_sum(const float* wb, int o, int d) const {
-    float s = wb[o];
-    for (int z = 1; z < S_bias; ++z) s += wb[int64_t(z) * d + o];
-    return s;
-  }
-};
-
-// Sums the partial slabs of each output in order z = 0, 1, .. (Splits), scales (planes 0 and 3 by
-// s_real, 1 and 2 by s_cplx), converts to TOut and writes grad_planes (4, d, c) and, when
-// out_bias != nullptr, grad_bias (d,) from the bias partials (in order). Block (kReduceX, kReduceY): x
-// walks the float4 groups of a partial row (ldw / 4), y the 4 * d rows (g * d + o); the blocks with
+// Sums the S partial tiles in order z = 0 .. S-1, scales (planes 0 and 3 by s_real, 1 and 2 by
+// s_cplx), converts to TOut and writes grad_planes (4, d, c) and, when out_bias != nullptr,
+// grad_bias (d,) from the S_bias bias partials (in order). Block (kReduceX, kReduceY): x walks the
+// float4 groups of a partial row (ldw / 4), y the 4 * d rows (g * d + o); the blocks with
 // blockIdx.y == 0 also reduce grad_bias. vec_out: c % 4 == 0 and out aligned to 4 elements, so each
 // float4 group is one aligned vector store.
 constexpr int kReduceX = 64, kReduceY = 4;
 
-template <class TOut, class Splits>
+template <class TOut>
 __global__ void __launch_bounds__(kReduceX * kReduceY)
 reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, TOut* __restrict__ out,
-              TOut* __restrict__ out_bias, const Splits sp, int c, int d, int ldw, float s_real,
+              TOut* __restrict__ out_bias, int S, int S_bias, int c, int d, int ldw, float s_real,
               float s_cplx, bool vec_out) {
   const int n_row4 = ldw / 4;
   const int rows = 4 * d;
   const int64_t split_stride = 4 * int64_t(d) * ldw;  // floats between partials
   for (int row = blockIdx.y * kReduceY + threadIdx.y; row < rows; row += gridDim.y * kReduceY) {
-    const int g = row / d, o = row - g * d;
+    const int g = row / d;
     const float sc = (g == 0 || g == 3) ? s_real : s_cplx;
     for (int c4 = blockIdx.x * kReduceX + threadIdx.x; c4 < n_row4; c4 += gridDim.x * kReduceX) {
       const int ci = 4 * c4;
       const float* p = ws + int64_t(row) * ldw + ci;
       float4 s = *reinterpret_cast<const float4*>(p);
-      const int S = sp.slabs(o, ci);
       for (int z = 1; z < S; ++z) {
         const float4 v = *reinterpret_cast<const float4*>(p + z * split_stride);
         s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
@@ -165,20 +151,24 @@ reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, T
   if (out_bias != nullptr && blockIdx.y == 0) {
     const int t = threadIdx.y * kReduceX + threadIdx.x;
     for (int o = blockIdx.x * (kReduceX * kReduceY) + t; o < d; o += gridDim.x * kReduceX * kReduceY) {
-      out_bias[o] = from_float<TOut>(sp.bias_sum(ws_bias, o, d));
+      float s = ws_bias[o];
+      for (int z = 1; z < S_bias; ++z) s += ws_bias[int64_t(z) * d + o];
+      out_bias[o] = from_float<TOut>(s);
     }
   }
 }
 
-// Launches reduce_kernel with enough blocks to keep the memory system busy (a pure stream).
-template <class TOut, class Splits>
-cudaError_t launch_reduce(const float* ws, const float* ws_bias, TOut* out, TOut* out_bias, const Splits& sp,
-                          int c, int d, int ldw, float s_real, float s_cplx, int sms, cudaStream_t stream) {
+// Launches reduce_kernel with enough blocks to keep the memory system busy (a pure stream). S_bias: the
+// bias partials, S when 0.
+template <class TOut>
+cudaError_t launch_reduce(const float* ws, const float* ws_bias, TOut* out, TOut* out_bias, int S, int c,
+                          int d, int ldw, float s_real, float s_cplx, int sms, cudaStream_t stream,
+                          int S_bias = 0) {
   const int64_t rgx = imin(cdiv(ldw / 4, kReduceX), 32);
   const int64_t rgy = imin(imin(cdiv(4 * int64_t(d), kReduceY), imax(1, int64_t(sms) * 16 / rgx)), 65535);
   const bool vec_out = c % 4 == 0 && reinterpret_cast<uintptr_t>(out) % (4 * sizeof(TOut)) == 0;
-  reduce_kernel<TOut, Splits><<<dim3(unsigned(rgx), unsigned(rgy)), dim3(kReduceX, kReduceY), 0, stream>>>(
-      ws, ws_bias, out, out_bias, sp, c, d, ldw, s_real, s_cplx, vec_out);
+  reduce_kernel<TOut><<<dim3(unsigned(rgx), unsigned(rgy)), dim3(kReduceX, kReduceY), 0, stream>>>(
+      ws, ws_bias, out, out_bias, S, S_bias > 0 ? S_bias : S, c, d, ldw, s_real, s_cplx, vec_out);
   return cudaGetLastError();
 }
 

@@ -934,9 +934,9 @@ def test_weight_grad_mode_on_hopper(c, d, mode, monkeypatch):
         assert ops.weight_grad_mode(c, d, dtype) == mode
 
 
-# Shapes of the Hopper weight-gradient kernel (c, d even): ragged tiles (c % 64, d % 128), c < 64, tiles cut
-# into several pieces (and bias tiles spread over the c tiles), M off the 32-row k tile, the ViT-B qkv and
-# fc2 layers (full and tail classes); (40, 130, 258): two CTAs, each running six tiles' pieces in turn.
+# Shapes of the Hopper weight-gradient kernel (c, d even): ragged tiles (c % 64, d % 128), c < 64, several
+# row chunks (and bias tiles spread over the c tiles), M off the 32-row k tile, last o tiles of 64 channels
+# (warpgroup 2 idle) beside full ones, the ViT-B qkv and fc2 layers.
 SM90_WEIGHT_GRAD_SHAPES = [(1, 2, 2), (33, 16, 48), (4097, 48, 200), (3001, 130, 258), (700, 200, 1026)]
 SM90_WEIGHT_GRAD_SHAPES += [(9000, 66, 16), (40, 130, 258), (3000, 64, 192)]
 SM90_WEIGHT_GRAD_SHAPES += [(25216, 192, 576), (25216, 768, 192)]
