@@ -95,13 +95,6 @@ constexpr uint32_t kXSub = kBM * 128;          // one 16-channel x sub-tile: 16 
 constexpr uint32_t kPlane = kBN * 64;           // one plane tile: 4 KB
 constexpr uint32_t kStageBytes = 2 * kXSub + 4 * kPlane;
 constexpr int kSmem = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers + alignment slack
-// Experiment (FLASH_EQLINEAR_SCRATCH_N128=1, fp16 / bf16, plain variant): five plane tiles per stage,
-// [P0, PR, PI, -PR, P2], so that the complex pair is two m64n128 wgmma ([aR | aI] += FR [PR | PI] and
-// -= FI [PI | -PR]) instead of four m64n64.
-template <bool kN128>
-constexpr uint32_t kStageBytesOf = 2 * kXSub + (kN128 ? 5 : 4) * kPlane;
-template <bool kN128>
-constexpr int kSmemOf = kStages * kStageBytesOf<kN128> + 2 * kStages * 8 + 1024;
 // The xf-writing variant: a second copy of the x tile of each stage it writes, in a buffer of its own
 // (1024-aligned after the barrier area, which then also holds its two barriers): 226 KB of the 227.
 constexpr uint32_t kXfBufOffset = kStages * kStageBytes + 1024;
@@ -159,7 +152,7 @@ __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t
 }
 
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
-template <class T, int kCl, bool kN128 = false>
+template <class T, int kCl>
 __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
                                         int num_tiles) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -210,8 +203,8 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
       w[3] = lds128(xs + x_hi + 8 * 128);
     };
     mbar_wait(full_bar + 8 * (it % kStages), (it / kStages) & 1);
-    load_x(v[0], base + (it % kStages) * kStageBytesOf<kN128>);
-    load_x(v[1], base + (it % kStages) * kStageBytesOf<kN128> + kXSub);
+    load_x(v[0], base + (it % kStages) * kStageBytes);
+    load_x(v[1], base + (it % kStages) * kStageBytes + kXSub);
     for (int kt = 0; kt < KT; ++kt, ++it) {
       const int s = it % kStages;
 #pragma unroll
@@ -224,27 +217,20 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
           else
             xform_tf32(v[ks][r], f[0][r], f[1][r], f[2][r], f[3][r]);
         }
-        const uint64_t dk = desc0 + ((s * kStageBytesOf<kN128> + ks * 32) >> 4);
+        const uint64_t dk = desc0 + ((s * kStageBytes + ks * 32) >> 4);
         const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
         wgmma_fence();
-        if constexpr (kN128) {  // planes P0, PR, PI, -PR, P2: B windows [PR | PI] and [PI | -PR]
-          wgmma_m64n128_rs<T, 1>(acc[2], acc[3], f[1], dr);
-          wgmma_m64n64_rs<T, 1>(acc[0], f[0], d0);
-          wgmma_m64n64_rs<T, 1>(acc[1], f[3], dk + (4 * kPlane >> 4));
-          wgmma_m64n128_rs<T, -1>(acc[2], acc[3], f[2], di);
-        } else {
-          wgmma_m64n64_rs<T, 1>(acc[2], f[1], dr);
-          wgmma_m64n64_rs<T, 1>(acc[3], f[1], di);
-          wgmma_m64n64_rs<T, 1>(acc[0], f[0], d0);
-          wgmma_m64n64_rs<T, 1>(acc[1], f[3], d2);
-          wgmma_m64n64_rs<T, -1>(acc[2], f[2], di);
-          wgmma_m64n64_rs<T, 1>(acc[3], f[2], dr);
-        }
+        wgmma_m64n64_rs<T, 1>(acc[2], f[1], dr);
+        wgmma_m64n64_rs<T, 1>(acc[3], f[1], di);
+        wgmma_m64n64_rs<T, 1>(acc[0], f[0], d0);
+        wgmma_m64n64_rs<T, 1>(acc[1], f[3], d2);
+        wgmma_m64n64_rs<T, -1>(acc[2], f[2], di);
+        wgmma_m64n64_rs<T, 1>(acc[3], f[2], dr);
         wgmma_commit();
         if (kt + 1 < KT) {  // v[ks] is in f now: load this step's sub-tile of the next k tile
           const uint32_t next = (it + 1) % kStages;
           if (ks == 0) mbar_wait(full_bar + 8 * next, ((it + 1) / kStages) & 1);
-          load_x(v[ks], base + next * kStageBytesOf<kN128> + ks * kXSub);
+          load_x(v[ks], base + next * kStageBytes + ks * kXSub);
         }
         wgmma_wait<1>();  // the previous step's group has retired: its A buffer (and stage) are free
 #pragma unroll
@@ -352,15 +338,13 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uin
 // kCl = 2 (plain variant only): clusters of two CTAs on the same m tile and adjacent n tiles. Each
 // producer loads one of a stage's two x sub-tiles and multicasts it to both CTAs, so x is read from
 // L2 once per pair; each releases a stage only when the consumers of both CTAs have read it.
-template <class T, bool kXf, int kCl = 1, bool kN128 = false>
+template <class T, bool kXf, int kCl = 1>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
                           const Sm90Params p) {
 #ifdef FLASH_EQLINEAR_WGMMA
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need aligned bases
-  constexpr uint32_t kStageBytes = kStageBytesOf<kN128>;
-  static_assert(!kN128 || (!kXf && sizeof(T) == 2), "the five-plane experiment: plain 16-bit variant");
   const uint32_t full_bar = base + kStages * kStageBytes, empty_bar = full_bar + 8 * kStages;
   const uint32_t xfull = empty_bar + 8 * kStages, xempty = xfull + 8, xbuf = base + kXfBufOffset;  // kXf only
   const int num_tiles = p.num_m * p.num_ng;  // steps of the walk (one per cluster)
@@ -422,7 +406,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     }
   } else {
     setmaxnreg_inc<kXf ? 224 : 240>();
-    consume<T, kCl, kN128>(p, base, full_bar, empty_bar, num_tiles);
+    consume<T, kCl>(p, base, full_bar, empty_bar, num_tiles);
     // No CTA exits while its partner may still write to it or arrive on its barriers: every multicast
     // into a CTA and every remote arrival precedes its partner's consumers' last wait or arrival.
     // (The cluster barrier waits for the threads that have not exited: the producer warps need not
@@ -436,32 +420,6 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
 }
 
 // ---- host side -------------------------------------------------------------------------------------
-// The experiment's plane tensor (5, d, c) = [P0, PR, PI, -PR, P2] from planes (4, d, c) = [P0, PR, PI, P2]
-// (16-bit: the negation flips the sign bit).
-__global__ void five_planes_kernel(const uint16_t* __restrict__ in, uint16_t* __restrict__ out, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const uint16_t pr = in[n + i];
-    out[i] = in[i];
-    out[n + i] = pr;
-    out[2 * n + i] = in[2 * n + i];
-    out[3 * n + i] = pr ^ 0x8000u;
-    out[4 * n + i] = in[3 * n + i];
-  }
-}
-
-// A device buffer for them, grown as needed and kept (experiment only: not for graph capture).
-const void* five_planes(const void* planes, int64_t n, cudaStream_t stream) {
-  static void* buf = nullptr;
-  static int64_t cap = 0;
-  if (cap < 5 * n) {
-    if (buf != nullptr) cudaFree(buf);
-    if (cudaMalloc(&buf, size_t(5 * n) * 2) != cudaSuccess) return nullptr;
-    cap = 5 * n;
-  }
-  five_planes_kernel<<<264, 256, 0, stream>>>(static_cast<const uint16_t*>(planes), static_cast<uint16_t*>(buf), n);
-  return buf;
-}
-
 template <class T>
 bool runs_sm90a(int dev) {
   static int8_t known[64] = {};
@@ -497,9 +455,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (e != cudaSuccess) return e;
-  const char* n128_env = std::getenv("FLASH_EQLINEAR_SCRATCH_N128");
-  const bool n128 = kE == 2 && p.xf == nullptr && n128_env != nullptr && std::strcmp(n128_env, "1") == 0;
-  const int smem = p.xf != nullptr ? kSmemXf : n128 ? kSmemOf<true> : kSmem;
+  const int smem = p.xf != nullptr ? kSmemXf : kSmem;
   if (major != 9 || smem_optin < smem || !runs_sm90a<T>(dev)) return cudaSuccess;
 
   const int64_t num_m = (p.M + kBM - 1) / kBM, num_n = (p.d + kBN - 1) / kBN;
@@ -509,14 +465,11 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   const cuuint64_t x_dims[2] = {static_cast<cuuint64_t>(4 * p.c), static_cast<cuuint64_t>(p.M)};
   const cuuint64_t x_strides[1] = {static_cast<cuuint64_t>(4 * kE * p.c)};
   const cuuint32_t x_box[2] = {128 / kE, kBM};
-  const cuuint32_t np = n128 ? 5 : 4;
-  const cuuint64_t p_dims[3] = {static_cast<cuuint64_t>(p.c), static_cast<cuuint64_t>(p.d), np};
+  const cuuint64_t p_dims[3] = {static_cast<cuuint64_t>(p.c), static_cast<cuuint64_t>(p.d), 4};
   const cuuint64_t p_strides[2] = {static_cast<cuuint64_t>(kE * p.c), static_cast<cuuint64_t>(kE * p.c * p.d)};
-  const cuuint32_t p_box[3] = {kBK<T>, kBN, np};
-  const void* planes = n128 ? five_planes(p.planes, p.c * p.d, stream) : p.planes;
-  if (planes == nullptr) return cudaErrorMemoryAllocation;
+  const cuuint32_t p_box[3] = {kBK<T>, kBN, 4};
   if (!encode(&tm_x, p.x, kE, 2, x_dims, x_strides, x_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
-      !encode(&tm_p, planes, kE, 3, p_dims, p_strides, p_box, CU_TENSOR_MAP_SWIZZLE_64B))
+      !encode(&tm_p, p.planes, kE, 3, p_dims, p_strides, p_box, CU_TENSOR_MAP_SWIZZLE_64B))
     return cudaSuccess;  // no encoder (old driver) or a shape it rejects: the portable kernel runs
 
   Sm90Params kp;
@@ -538,8 +491,6 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.group_m = 4 * kE * p.c * p.d <= (int64_t{32} << 20) ? 2 : 8;
   if (p.xf == nullptr && num_n > 1 && sm90_clusters(num_n, kE)) {  // clusters of two sharing x (the kernel, kCl)
     auto kernel = eq_linear_fwd_sm90_kernel<T, false, 2>;
-    if constexpr (kE == 2)
-      if (n128) kernel = eq_linear_fwd_sm90_kernel<T, false, 2, true>;
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     kp.num_ng = static_cast<int>((num_n + 1) / 2);
@@ -557,16 +508,16 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
     cfg.gridDim = dim3(static_cast<unsigned>(2 * std::min<int64_t>(num_m * kp.num_ng, num_sms / 2)));
     // Persistent clusters: no more than can be resident at once (a GPC holds whole clusters only).
     // Cached per device (benign race: every writer writes the same).
-    static int max_clusters[2][64] = {};
+    static int max_clusters[64] = {};
     int clusters = 0;
     if (dev < 64) {
-      if (max_clusters[n128][dev] == 0) {
+      if (max_clusters[dev] == 0) {
         int n = 0;
         e = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
         if (e != cudaSuccess) return e;
-        max_clusters[n128][dev] = n > 0 ? n : -1;
+        max_clusters[dev] = n > 0 ? n : -1;
       }
-      clusters = max_clusters[n128][dev];
+      clusters = max_clusters[dev];
     }
     if (clusters > 0) {
       cfg.gridDim = dim3(static_cast<unsigned>(2 * std::min<int64_t>(num_m * kp.num_ng, clusters)));
@@ -576,8 +527,6 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   }
   kp.num_ng = kp.num_n;
   auto kernel = p.xf != nullptr ? eq_linear_fwd_sm90_kernel<T, true> : eq_linear_fwd_sm90_kernel<T, false>;
-  if constexpr (kE == 2)
-    if (n128) kernel = eq_linear_fwd_sm90_kernel<T, false, 1, true>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_m * num_n, num_sms));

@@ -142,53 +142,6 @@ __device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[8][4], const uint32_t
   __trap();
 #endif
 }
-#define FLASH_EQLINEAR_WGMMA_D128 \
-  "{" "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
-  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
-  "%56, %57, %58, %59, %60, %61, %62, %63" "}"
-#define FLASH_EQLINEAR_WGMMA_D128_OPS(d0, d1) \
-      "+f"(d0[0][0]), "+f"(d0[0][1]), "+f"(d0[0][2]), "+f"(d0[0][3]), "+f"(d0[1][0]), "+f"(d0[1][1]), \
-      "+f"(d0[1][2]), "+f"(d0[1][3]), "+f"(d0[2][0]), "+f"(d0[2][1]), "+f"(d0[2][2]), "+f"(d0[2][3]), \
-      "+f"(d0[3][0]), "+f"(d0[3][1]), "+f"(d0[3][2]), "+f"(d0[3][3]), "+f"(d0[4][0]), "+f"(d0[4][1]), \
-      "+f"(d0[4][2]), "+f"(d0[4][3]), "+f"(d0[5][0]), "+f"(d0[5][1]), "+f"(d0[5][2]), "+f"(d0[5][3]), \
-      "+f"(d0[6][0]), "+f"(d0[6][1]), "+f"(d0[6][2]), "+f"(d0[6][3]), "+f"(d0[7][0]), "+f"(d0[7][1]), \
-      "+f"(d0[7][2]), "+f"(d0[7][3]), \
-      "+f"(d1[0][0]), "+f"(d1[0][1]), "+f"(d1[0][2]), "+f"(d1[0][3]), "+f"(d1[1][0]), "+f"(d1[1][1]), \
-      "+f"(d1[1][2]), "+f"(d1[1][3]), "+f"(d1[2][0]), "+f"(d1[2][1]), "+f"(d1[2][2]), "+f"(d1[2][3]), \
-      "+f"(d1[3][0]), "+f"(d1[3][1]), "+f"(d1[3][2]), "+f"(d1[3][3]), "+f"(d1[4][0]), "+f"(d1[4][1]), \
-      "+f"(d1[4][2]), "+f"(d1[4][3]), "+f"(d1[5][0]), "+f"(d1[5][1]), "+f"(d1[5][2]), "+f"(d1[5][3]), \
-      "+f"(d1[6][0]), "+f"(d1[6][1]), "+f"(d1[6][2]), "+f"(d1[6][3]), "+f"(d1[7][0]), "+f"(d1[7][1]), \
-      "+f"(d1[7][2]), "+f"(d1[7][3])
-
-// [d0 | d1] (64 x 128 per warpgroup: d0 the first 64 columns, d1 the next 64, FP32) += kScaleA * A
-// (registers) * B (descriptor: 128 rows n, two consecutive 64-row plane tiles), one k16 step, fp16 / bf16.
-template <class T, int kScaleA>
-__device__ __forceinline__ void wgmma_m64n128_rs(float (&d0)[8][4], float (&d1)[8][4], const uint32_t (&a)[4],
-                                                 uint64_t desc_b) {
-  static_assert(kScaleA == 1 || kScaleA == -1, "imm-scale-a is +1 or -1");
-#ifdef FLASH_EQLINEAR_WGMMA
-  if constexpr (std::is_same_v<T, __half>) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " FLASH_EQLINEAR_WGMMA_D128
-                 ", {%64, %65, %66, %67}, %68, p, %70, 1, 0;\n}\n"
-                 : FLASH_EQLINEAR_WGMMA_D128_OPS(d0, d1)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(kScaleA));
-  } else {
-    static_assert(std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16");
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FLASH_EQLINEAR_WGMMA_D128
-                 ", {%64, %65, %66, %67}, %68, p, %70, 1, 0;\n}\n"
-                 : FLASH_EQLINEAR_WGMMA_D128_OPS(d0, d1)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(kScaleA));
-  }
-#else
-  (void)d0, (void)d1, (void)a, (void)desc_b;
-  __trap();
-#endif
-}
-#undef FLASH_EQLINEAR_WGMMA_D128
-#undef FLASH_EQLINEAR_WGMMA_D128_OPS
 #undef FLASH_EQLINEAR_WGMMA_D
 #undef FLASH_EQLINEAR_WGMMA_D_OPS
 
