@@ -109,6 +109,20 @@ def test_from_naive_copies_storage(gen):
     assert layer.bias.abs().sum() > 0 and layer.naive_weight().abs().sum() > 0
 
 
+def test_torch_export_cpu(tmp_path):
+    # torch.export of a model with the layer on the CPU (the reference path): dynamic batch, save / load.
+    torch.manual_seed(0)
+    model = nn.Sequential(fe.FlashEQLinear(4 * 12, 4 * 20), nn.GELU(), fe.FlashEQLinear(4 * 20, 4 * 8)).eval()
+    x = torch.randn(3, 7, 48)
+    with torch.no_grad():
+        ep = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+        x5 = torch.randn(5, 7, 48)
+        want = model(x5)
+        assert torch.equal(ep.module()(x5), want)
+        torch.export.save(ep, tmp_path / "model.pt2")
+        assert torch.equal(torch.export.load(tmp_path / "model.pt2").module()(x5), want)
+
+
 # ---------------------------------------------------------------------------------------------
 # Dense matrix and export
 # ---------------------------------------------------------------------------------------------
