@@ -173,11 +173,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
   // (The partner's rank is re-read where used: the consumers have no register to spare.)
   auto release = [&](uint32_t s) {
     mbar_arrive(empty_bar + 8 * s);
-    if constexpr (kCl > 1) {
-      const uint32_t me = cluster_ctarank();
-#pragma unroll
-      for (uint32_t r = 1; r < kCl; ++r) mbar_arrive_cluster(cluster_map(empty_bar + 8 * s, me ^ r));
-    }
+    if constexpr (kCl > 1) mbar_arrive_cluster(cluster_map(empty_bar + 8 * s, cluster_ctarank() ^ 1));
   };
   for (int tile = blockIdx.x / kCl; tile < num_tiles; tile += gridDim.x / kCl) {
     int m0, n0;
@@ -352,7 +348,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
   const uint32_t full_bar = base + kStages * kStageBytes, empty_bar = full_bar + 8 * kStages;
   const uint32_t xfull = empty_bar + 8 * kStages, xempty = xfull + 8, xbuf = base + kXfBufOffset;  // kXf only
   const int num_tiles = p.num_m * p.num_ng;  // steps of the walk (one per cluster)
-  static_assert(kCl == 1 || ((kCl == 2 || kCl == 4) && !kXf), "clusters of two or four, plain variant only");
+  static_assert(kCl == 1 || (kCl == 2 && !kXf), "clusters of two, plain variant only");
   const int rank = kCl == 1 ? 0 : static_cast<int>(cluster_ctarank());
 
   constexpr bool writes_xf = kXf && sizeof(T) == 2;
@@ -394,11 +390,8 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
           if constexpr (kCl == 1) {
             tma_load_2d(st, &tm_x, kt * kBK<T> * 4, m0, bar);
             tma_load_2d(st + kXSub, &tm_x, kt * kBK<T> * 4 + 2 * kBK<T>, m0, bar);
-          } else if constexpr (kCl == 2) {
+          } else {
             tma_load_2d_multicast(st + rank * kXSub, &tm_x, kt * kBK<T> * 4 + rank * 2 * kBK<T>, m0, bar, 0x3);
-          } else {  // experiment: rank r loads rows 64 (r & 1) .. of sub-tile r >> 1 (tm_x's box: 64 rows)
-            tma_load_2d_multicast(st + (rank >> 1) * kXSub + (rank & 1) * (kXSub / 2), &tm_x,
-                                  kt * kBK<T> * 4 + (rank >> 1) * 2 * kBK<T>, m0 + 64 * (rank & 1), bar, 0xF);
           }
           tma_load_3d(st + 2 * kXSub, &tm_p, kt * kBK<T>, n0, 0, bar);
           if (writes_xf && kt % p.num_n == n0 / kBN) {  // this block writes k tile kt's planes: a copy
@@ -441,12 +434,11 @@ bool aligned16(const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0;
 // walk's last wave is coarser: H100, bf16, M = 25216 / 32768, clusters against single CTAs: 3 n tiles
 // 12-14% slower, 9 tiles 5.5% slower, 2 and 4 tiles 0-8% slower; 8, 12, 16 and 32 tiles 0-3.6% faster
 // (benchmarks/README.md, v17; v12 for c = 1024 / 2048).
-int sm90_clusters(int64_t num_n, int elem_bytes) {
+bool sm90_clusters(int64_t num_n, int elem_bytes) {
   const char* v = std::getenv("FLASH_EQLINEAR_SM90_CLUSTER");
-  if (v != nullptr && std::strcmp(v, "1") == 0) return 1;
-  if (v != nullptr && std::strcmp(v, "2") == 0) return 2;
-  if (v != nullptr && std::strcmp(v, "4") == 0) return 4;  // experiment
-  return elem_bytes == 2 && num_n % 2 == 0 && num_n >= 8 ? 2 : 1;
+  if (v != nullptr && std::strcmp(v, "1") == 0) return false;
+  if (v != nullptr && std::strcmp(v, "2") == 0) return true;
+  return elem_bytes == 2 && num_n % 2 == 0 && num_n >= 8;
 }
 
 template <class T>
@@ -472,8 +464,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   CUtensorMap tm_x, tm_p;
   const cuuint64_t x_dims[2] = {static_cast<cuuint64_t>(4 * p.c), static_cast<cuuint64_t>(p.M)};
   const cuuint64_t x_strides[1] = {static_cast<cuuint64_t>(4 * kE * p.c)};
-  const int cl = p.xf == nullptr && num_n > 1 ? sm90_clusters(num_n, kE) : 1;
-  const cuuint32_t x_box[2] = {128 / kE, static_cast<cuuint32_t>(cl == 4 ? kBM / 2 : kBM)};
+  const cuuint32_t x_box[2] = {128 / kE, kBM};
   const cuuint64_t p_dims[3] = {static_cast<cuuint64_t>(p.c), static_cast<cuuint64_t>(p.d), 4};
   const cuuint64_t p_strides[2] = {static_cast<cuuint64_t>(kE * p.c), static_cast<cuuint64_t>(kE * p.c * p.d)};
   const cuuint32_t p_box[3] = {kBK<T>, kBN, 4};
@@ -498,14 +489,14 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   // (c = d = 2048: 5-6% faster than groups of 8, benchmarks/README.md v12). Larger planes are streamed
   // once per group: groups of 8 m tiles read them a quarter as often.
   kp.group_m = 4 * kE * p.c * p.d <= (int64_t{32} << 20) ? 2 : 8;
-  if (cl > 1) {  // clusters of two (four: experiment) sharing x (the kernel, kCl)
-    auto kernel = cl == 2 ? eq_linear_fwd_sm90_kernel<T, false, 2> : eq_linear_fwd_sm90_kernel<T, false, 4>;
+  if (p.xf == nullptr && num_n > 1 && sm90_clusters(num_n, kE)) {  // clusters of two sharing x (the kernel, kCl)
+    auto kernel = eq_linear_fwd_sm90_kernel<T, false, 2>;
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
-    kp.num_ng = static_cast<int>((num_n + cl - 1) / cl);
+    kp.num_ng = static_cast<int>((num_n + 1) / 2);
     cudaLaunchAttribute attr[2];  // the cluster shape, and room for launch_maybe_pdl's
     attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cl;
+    attr[0].val.clusterDim.x = 2;
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
     cudaLaunchConfig_t cfg = {};
@@ -514,27 +505,25 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    cfg.gridDim = dim3(static_cast<unsigned>(cl * std::min<int64_t>(num_m * kp.num_ng, num_sms / cl)));
+    cfg.gridDim = dim3(static_cast<unsigned>(2 * std::min<int64_t>(num_m * kp.num_ng, num_sms / 2)));
     // Persistent clusters: no more than can be resident at once (a GPC holds whole clusters only).
     // Cached per device (benign race: every writer writes the same).
-    static int max_clusters[2][64] = {};
+    static int max_clusters[64] = {};
     int clusters = 0;
     if (dev < 64) {
-      int& known = max_clusters[cl == 4][dev];
-      if (known == 0) {
+      if (max_clusters[dev] == 0) {
         int n = 0;
         e = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
         if (e != cudaSuccess) return e;
-        known = n > 0 ? n : -1;
+        max_clusters[dev] = n > 0 ? n : -1;
       }
-      clusters = known;
+      clusters = max_clusters[dev];
     }
     if (clusters > 0) {
-      cfg.gridDim = dim3(static_cast<unsigned>(cl * std::min<int64_t>(num_m * kp.num_ng, clusters)));
+      cfg.gridDim = dim3(static_cast<unsigned>(2 * std::min<int64_t>(num_m * kp.num_ng, clusters)));
       *launched = true;
       return launch_maybe_pdl(cfg, attr, kernel, tm_x, tm_p, kp);
     }
-    if (cl == 4) return cudaErrorNotSupported;  // experiment: tm_x's box holds 64 rows
   }
   kp.num_ng = kp.num_n;
   auto kernel = p.xf != nullptr ? eq_linear_fwd_sm90_kernel<T, true> : eq_linear_fwd_sm90_kernel<T, false>;
