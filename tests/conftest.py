@@ -29,6 +29,21 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return num / den
 
 
+def check_export(
+    model: nn.Module, x: torch.Tensor, x_other: torch.Tensor, path
+) -> torch.export.ExportedProgram:
+    """torch.export of ``model`` with a dynamic first dimension, traced on ``x``: on ``x_other`` (another
+    size of that dimension) the program and its ``torch.export.save`` / ``load`` round trip through ``path``
+    must equal eager bit for bit. Returns the exported program."""
+    with torch.no_grad():
+        ep = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+        want = model(x_other)
+        assert torch.equal(ep.module()(x_other), want)
+        torch.export.save(ep, path)
+        assert torch.equal(torch.export.load(path).module()(x_other), want)
+    return ep
+
+
 def roll_group(t: torch.Tensor, T: int, shifts: int = 1) -> torch.Tensor:
     """Act with r^shifts: cyclic shift of the group axis of a (..., c*T) feature."""
     shape = t.shape

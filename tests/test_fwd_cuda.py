@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import rel_l2
+from conftest import check_export, rel_l2
 
 import flash_eqlinear as fe
 from flash_eqlinear import reference
@@ -539,16 +539,10 @@ def test_torch_export(dtype, tmp_path):
         fe.FlashEQLinear(4 * 48, 4 * 64), torch.nn.GELU(), fe.FlashEQLinear(4 * 64, 4 * 40)
     )
     model = model.to(DEV, dtype).eval()
-    x = torch.randn(3, 37, 4 * 48, device=DEV, dtype=dtype)
-    with torch.no_grad():
-        ep = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch")},))
-        targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
-        assert sum("flash_eqlinear.eq_linear_fwd" in t for t in targets) == 2, targets
-        x5 = torch.randn(5, 37, 4 * 48, device=DEV, dtype=dtype)
-        want = model(x5)
-        assert torch.equal(ep.module()(x5), want)
-        torch.export.save(ep, tmp_path / "model.pt2")
-        assert torch.equal(torch.export.load(tmp_path / "model.pt2").module()(x5), want)
+    x, x5 = (torch.randn(n, 37, 4 * 48, device=DEV, dtype=dtype) for n in (3, 5))
+    ep = check_export(model, x, x5, tmp_path / "model.pt2")
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert sum("flash_eqlinear.eq_linear_fwd" in t for t in targets) == 2, targets
 
 
 @pytest.mark.parametrize("mode", ["fused", "gemm"])

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn as nn
-from conftest import GROUP_SIZES, RefEQLinear, loop_eq_linear, rel_l2, roll_group
+from conftest import GROUP_SIZES, RefEQLinear, check_export, loop_eq_linear, rel_l2, roll_group
 
 import flash_eqlinear as fe
 
@@ -109,23 +109,16 @@ def test_from_naive_copies_storage(gen):
     assert layer.bias.abs().sum() > 0 and layer.naive_weight().abs().sum() > 0
 
 
+# ---------------------------------------------------------------------------------------------
+# Dense matrix and export
+# ---------------------------------------------------------------------------------------------
+
+
 def test_torch_export_cpu(tmp_path):
     # torch.export of a model with the layer on the CPU (the reference path): dynamic batch, save / load.
     torch.manual_seed(0)
     model = nn.Sequential(fe.FlashEQLinear(4 * 12, 4 * 20), nn.GELU(), fe.FlashEQLinear(4 * 20, 4 * 8)).eval()
-    x = torch.randn(3, 7, 48)
-    with torch.no_grad():
-        ep = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch")},))
-        x5 = torch.randn(5, 7, 48)
-        want = model(x5)
-        assert torch.equal(ep.module()(x5), want)
-        torch.export.save(ep, tmp_path / "model.pt2")
-        assert torch.equal(torch.export.load(tmp_path / "model.pt2").module()(x5), want)
-
-
-# ---------------------------------------------------------------------------------------------
-# Dense matrix and export
-# ---------------------------------------------------------------------------------------------
+    check_export(model, torch.randn(3, 7, 48), torch.randn(5, 7, 48), tmp_path / "model.pt2")
 
 
 @pytest.mark.parametrize("T", [1, 2, 3, 4, 8])
