@@ -22,7 +22,7 @@ fi
 python3 -c "import flash_eqlinear as fe; assert fe.kernels_available(), fe.ops.kernel_import_error()" || exit 1
 if has test; then
   # A hung kernel would otherwise take the whole call: TEST_TIMEOUT seconds at most.
-  timeout "${TEST_TIMEOUT:-400}" python3 -m pytest tests/test_fwd_cuda.py -q -x -p no:cacheprovider >"$OUT/test.log" 2>&1
+  timeout "${TEST_TIMEOUT:-400}" python3 -m pytest tests/test_fwd_cuda.py tests/test_mlp_cuda.py -q -x -p no:cacheprovider >"$OUT/test.log" 2>&1
   summary+=("tests: $(tail -1 "$OUT/test.log")")
   grep -E "FAILED|Error|assert" "$OUT/test.log" | head -20
 fi

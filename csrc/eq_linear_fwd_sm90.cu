@@ -44,7 +44,9 @@
 // buffer) measured no faster.
 //
 // Epilogue: the inverse transform + bias in FP32 registers, one 16-byte store per (row, o pair) of
-// the interleaved (M, d, 4) output.
+// the interleaved (M, d, 4) output. fp16 / bf16 optionally fuse a GELU (FwdParams::gelu, pre: the
+// first layer of an MLP) or GELU's derivative (FwdParams::gelu_grad: grad_x of the second), which
+// saves the elementwise passes over the hidden activation that would otherwise follow.
 //
 // Optional by-product (fp16 / bf16, FwdParams::xf): x's Fourier planes as column blocks (M, 4c), for a
 // backward that would otherwise make them in a pass of its own. Warps 1-3 of the producer warpgroup
@@ -107,6 +109,9 @@ struct Sm90Params {
   void* xf;          // (M, 4c) or nullptr: FwdParams::xf
   float* xf_sums;    // (3 num_m, c) or nullptr: FwdParams::xf_sums
   float xf_scale;
+  void* pre;              // FwdParams::pre, or nullptr
+  const void* gelu_grad;  // FwdParams::gelu_grad, or nullptr
+  bool gelu;              // FwdParams::gelu
   int64_t M;
   int c, d, k_tiles, num_m, num_n;
   int group_m;  // m tiles per group of the walk (see tile_origin)
@@ -149,6 +154,32 @@ __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t
   F2 = to_tf32(f2);
   FR = to_tf32(fr);
   FI = to_tf32(fi);
+}
+
+// GELU and its derivative, exact (erf) form, in FP32: GELU(v) = v Phi(v), GELU'(v) = Phi(v) + v phi(v).
+template <int = 0>
+__device__ __forceinline__ float gelu_f32(float v) {
+  return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+}
+
+template <int = 0>
+__device__ __forceinline__ float gelu_grad_f32(float v) {
+  const float cdf = 0.5f * (1.f + erff(v * 0.70710678118654752f));
+  return cdf + v * 0.39894228040143268f * expf(-0.5f * v * v);  // 1/sqrt(2 pi)
+}
+
+// GELU of a packed pair of 16-bit values (the rounded pre-activation), rounded again.
+template <class T>
+__device__ __forceinline__ uint32_t gelu_pair(uint32_t u) {
+  const float2 v = Elem<T>::unpack(u);
+  return Elem<T>::pack(gelu_f32(v.x), gelu_f32(v.y));
+}
+
+// (g0, g1) * GELU'(the packed pair h), rounded once.
+template <class T>
+__device__ __forceinline__ uint32_t times_gelu_grad(float g0, float g1, uint32_t h) {
+  const float2 v = Elem<T>::unpack(h);
+  return Elem<T>::pack(g0 * gelu_grad_f32(v.x), g1 * gelu_grad_f32(v.y));
 }
 
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
@@ -258,13 +289,27 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
         const int64_t m = static_cast<int64_t>(m0) + row + 8 * r8;
         if (m >= p.M) continue;
         if constexpr (sizeof(T) == 2) {
-          uint32_t out[2][2];
+          const int64_t off = (m * p.d + o) * 4;
+          float4 r[2];
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const int e = 2 * r8 + i;
-            inverse_dft4<T>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i], out[i][0], out[i][1]);
+            r[i] = inverse_dft4_f32<Elem<T>::kHalve>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i]);
           }
-          *reinterpret_cast<uint4*>(y + (m * p.d + o) * 4) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
+          uint4 out;
+          if (p.gelu_grad != nullptr) {  // grad_x of a layer on GELU(h): times GELU'(h), rounded once
+            const uint4 h = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.gelu_grad) + off));
+            out = make_uint4(times_gelu_grad<T>(r[0].x, r[0].y, h.x), times_gelu_grad<T>(r[0].z, r[0].w, h.y),
+                             times_gelu_grad<T>(r[1].x, r[1].y, h.z), times_gelu_grad<T>(r[1].z, r[1].w, h.w));
+          } else {
+            out = make_uint4(Elem<T>::pack(r[0].x, r[0].y), Elem<T>::pack(r[0].z, r[0].w), Elem<T>::pack(r[1].x, r[1].y),
+                             Elem<T>::pack(r[1].z, r[1].w));
+            if (p.gelu) {  // the pre-activation (if kept), then GELU of its rounded values
+              if (p.pre != nullptr) *reinterpret_cast<uint4*>(static_cast<T*>(p.pre) + off) = out;
+              out = make_uint4(gelu_pair<T>(out.x), gelu_pair<T>(out.y), gelu_pair<T>(out.z), gelu_pair<T>(out.w));
+            }
+          }
+          *reinterpret_cast<uint4*>(y + off) = out;
         } else {  // two 16-byte stores: channels o and o + 1
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
@@ -447,7 +492,8 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   constexpr int kE = sizeof(T);
   if (!sm90_path_enabled() || p.M <= 0 || p.M > 0x7fffffff - kBM || (p.c * kE) % 16 != 0 || p.d % 2 != 0 ||
       p.c > 0x3fffffff / 4 || p.d > 0x7fffffff - kBN || !aligned16(p.x) || !aligned16(p.planes) || !aligned16(p.y) ||
-      reinterpret_cast<uintptr_t>(p.bias) % (2 * kE) != 0 || (p.xf != nullptr && (kE == 4 || !aligned16(p.xf))))
+      reinterpret_cast<uintptr_t>(p.bias) % (2 * kE) != 0 || (p.xf != nullptr && (kE == 4 || !aligned16(p.xf))) ||
+      (fwd_has_gelu_epilogue(p) && (kE == 4 || !aligned16(p.pre) || !aligned16(p.gelu_grad))))
     return cudaSuccess;
   int dev = 0, major = 0, smem_optin = 0, num_sms = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -478,6 +524,9 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.xf = p.xf;
   kp.xf_sums = p.xf_sums;
   kp.xf_scale = p.xf_scale;
+  kp.pre = p.pre;
+  kp.gelu_grad = p.gelu_grad;
+  kp.gelu = p.gelu;
   kp.M = p.M;
   kp.c = static_cast<int>(p.c);
   kp.d = static_cast<int>(p.d);

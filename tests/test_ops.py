@@ -79,3 +79,37 @@ def test_dense_form_low_precision(dtype, gen):
     expect = loop_eq_linear(x.to(dtype).double(), fe.planes_to_naive(planes.double()), None)
     tol = {torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]
     assert rel_l2(y, expect) < tol
+
+
+@pytest.mark.parametrize("T", [2, 4, 5])
+def test_mlp_is_the_composition(T, gen):
+    # flash_eq_mlp = layer 2 (GELU (layer 1)), with gradients; off the kernels it composes the layers.
+    c, h, d = 6, 24, 5
+    x = torch.randn(3, 7, c * T, generator=gen, dtype=F64, requires_grad=True)
+    w1, w2 = (torch.randn(T, n, k, generator=gen, dtype=F64, requires_grad=True) for n, k in ((h, c), (d, h)))
+    b1, b2 = (torch.randn(n, generator=gen, dtype=F64, requires_grad=True) for n in (h, d))
+    y = fe.flash_eq_mlp(x, w1, b1, w2, b2, T)
+    want = reference.fourier_eq_linear(
+        torch.nn.functional.gelu(reference.fourier_eq_linear(x, w1, b1, T)), w2, b2, T
+    )
+    assert y.shape == (3, 7, d * T) and rel_l2(y, want) < 1e-12
+    g = torch.randn(y.shape, generator=gen, dtype=F64)
+    got = torch.autograd.grad(y, (x, w1, b1, w2, b2), g)
+    ref = torch.autograd.grad(want, (x, w1, b1, w2, b2), g)
+    for a, r in zip(got, ref, strict=True):
+        assert rel_l2(a, r) < 1e-12
+
+
+def test_mlp_autocast_and_misuse():
+    w1, w2 = torch.randn(4, 16, 8), torch.randn(4, 8, 16)
+    x = torch.randn(5, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert fe.flash_eq_mlp(x, w1, None, w2, None).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="weight2"):
+        fe.flash_eq_mlp(x, w1, None, w2[:, :, :-1], None)
+    with pytest.raises(ValueError, match="weight2"):
+        fe.flash_eq_mlp(x, w1, None, "w2", None)
+    with pytest.raises(ValueError, match="in_features"):
+        fe.flash_eq_mlp(x[:, :-1], w1, None, w2, None)
+    with pytest.raises(RuntimeError, match="dtype"):
+        fe.flash_eq_mlp(x, w1, None, w2.double(), None)

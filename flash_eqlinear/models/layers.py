@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..modules import FlashEQLinear, NaiveEQLinear
+from ..ops import flash_eq_mlp
 from ..swap import is_naive_eq_linear
 
 __all__ = [
@@ -219,7 +220,12 @@ class GroupPosEmbed(nn.Module):
 
 
 class Mlp(nn.Module):
-    """Linear -> GELU -> Linear (GELU is pointwise, so it commutes with the group action)."""
+    """Linear -> GELU -> Linear (GELU is pointwise, so it commutes with the group action).
+
+    With two :class:`~flash_eqlinear.FlashEQLinear` layers (without forward hooks, which a fused call
+    would skip) and the exact GELU, one :func:`~flash_eqlinear.flash_eq_mlp` call (GELU and its
+    derivative fused into the layers' kernels where they can be); the same function either way.
+    """
 
     def __init__(self, variant: Variant, dim: int, hidden: int):
         super().__init__()
@@ -228,7 +234,17 @@ class Mlp(nn.Module):
         self.fc2 = variant.linear(hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+        fc1, fc2 = self.fc1, self.fc2
+        if (
+            type(fc1) is FlashEQLinear
+            and type(fc2) is FlashEQLinear
+            and fc1.group_size == fc2.group_size
+            and type(self.act) is nn.GELU
+            and self.act.approximate == "none"
+            and not any(m._forward_hooks or m._forward_pre_hooks for m in (fc1, self.act, fc2))
+        ):
+            return flash_eq_mlp(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias, fc1.group_size)
+        return fc2(self.act(fc1(x)))
 
 
 class Attention(nn.Module):
