@@ -261,31 +261,23 @@ bool hopper_takes_products(const at::Tensor& t, int64_t cd) {
   return products_form() == ProductsForm::kAuto && cd < kGemmGradXMinCD && hopper_kernels_may_run(t);
 }
 
-// The GELU epilogues of the Hopper kernel (FwdParams::gelu, pre, gelu_grad; defined tensors (M, 4n)
-// contiguous, in y's dtype).
-struct GeluEpilogue {
-  bool gelu = false;
-  at::Tensor pre, gelu_grad;
-};
-
 // fp16 / bf16 (M, 4k) through the sm_90a forward kernel with planes (4, n, k) (n output channels), if
 // it runs for these tensors; else nothing is launched and false is returned. With xf (M, 4k), the kernel
 // also writes x's Fourier planes [f0 | f2 | fR | fI] * xf_scale there, and with xf_sums
-// (eq_linear_fwd_sm90_sum_rows(M), k) FP32 partial column sums of f0 (FwdParams); ge: a GELU epilogue.
+// (eq_linear_fwd_sm90_sum_rows(M), k) FP32 partial column sums of f0 (FwdParams); with gelu (and no xf),
+// y = GELU(the product).
 bool fwd_sm90_16bit(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
                     const at::Tensor& xf = at::Tensor(), float xf_scale = 1.f, const at::Tensor& xf_sums = at::Tensor(),
-                    const GeluEpilogue& ge = GeluEpilogue()) {
+                    bool gelu = false) {
   const int64_t M = x.size(0), n = planes.size(1), k = planes.size(2);
   if (M == 0) return true;
   FwdParams p{x.data_ptr(), planes.data_ptr(), bias.defined() ? bias.data_ptr() : nullptr, y.data_ptr(), M, k, n};
+  p.gelu = gelu;
   if (xf.defined()) {
     p.xf = xf.data_ptr();
     p.xf_scale = xf_scale;
     if (xf_sums.defined()) p.xf_sums = xf_sums.data_ptr<float>();
   }
-  p.gelu = ge.gelu;
-  if (ge.pre.defined()) p.pre = ge.pre.data_ptr();
-  if (ge.gelu_grad.defined()) p.gelu_grad = ge.gelu_grad.data_ptr();
   bool launched = false;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const cudaError_t err = x.scalar_type() == at::kHalf ? eq_linear_fwd_sm90_fp16(p, stream, &launched)
@@ -444,47 +436,23 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
   return y;
 }
 
-// Whether a GELU can be fused into the forward kernel's epilogue for x (M, 4k) and planes (4, n, k): where
-// eq_linear_fwd itself would try the Hopper kernel (fp16 / bf16 on a Hopper device, not a narrow layer,
-// the GEMM form not forced), so that the fused and the unfused layer compute with the same kernel.
-bool hopper_may_fuse_gelu(const at::Tensor& x, int64_t k, int64_t n) {
-  if (x.scalar_type() == at::kFloat || products_form() == ProductsForm::kGemm || !hopper_kernels_may_run(x))
-    return false;
-  FwdParams p{x.data_ptr(), nullptr, nullptr, nullptr, x.size(0), k, n};
-  return !eq_linear_fwd_narrow_applies(p, static_cast<int>(x.element_size()), false);
-}
-
-// The first layer of an MLP: (a, pre) with pre = eq_linear_fwd(x, planes, bias) (M, 4d) and a = GELU(pre)
-// (exact erf form, of pre rounded to its dtype); pre is an empty (0,) tensor unless keep_pre. fp16 / bf16
-// on Hopper: one kernel, GELU in its epilogue; elsewhere eq_linear_fwd, then at::gelu.
-std::tuple<at::Tensor, at::Tensor> eq_linear_fwd_gelu(const at::Tensor& x, const at::Tensor& planes,
-                                                      const std::optional<at::Tensor>& bias, bool keep_pre) {
+// GELU(eq_linear_fwd(x, planes, bias)) (exact erf form, of the output rounded to its dtype): an MLP's first
+// layer in inference. fp16 / bf16 on Hopper, where eq_linear_fwd itself would try the Hopper kernel (not a
+// narrow layer, the GEMM form not forced): that kernel with GELU in its epilogue, one pass; elsewhere
+// eq_linear_fwd, then at::gelu.
+at::Tensor eq_linear_fwd_gelu(const at::Tensor& x, const at::Tensor& planes, const std::optional<at::Tensor>& bias) {
   const at::Tensor b = checked_fwd_args(x, planes, bias, "eq_linear_fwd_gelu");
   const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
   const at::cuda::CUDAGuard guard(x.device());
-  const auto none = [&] { return at::empty({0}, x.options()); };
-  if (hopper_may_fuse_gelu(x, c, d)) {
-    at::Tensor a = at::empty({M, 4 * d}, x.options());
-    GeluEpilogue ge;
-    ge.gelu = true;
-    if (keep_pre) ge.pre = at::empty({M, 4 * d}, x.options());
-    if (fwd_sm90_16bit(x.contiguous(), planes.contiguous(), b, a, at::Tensor(), 1.f, at::Tensor(), ge))
-      return {a, keep_pre ? ge.pre : none()};
+  if (x.scalar_type() != at::kFloat && products_form() != ProductsForm::kGemm && hopper_kernels_may_run(x)) {
+    const at::Tensor xc = x.contiguous();
+    at::Tensor y = at::empty({M, 4 * d}, x.options());
+    const FwdParams p{xc.data_ptr(), nullptr, nullptr, y.data_ptr(), M, c, d};
+    if (!eq_linear_fwd_narrow_applies(p, static_cast<int>(x.element_size()), false) &&
+        fwd_sm90_16bit(xc, planes.contiguous(), b, y, at::Tensor(), 1.f, at::Tensor(), true))
+      return y;
   }
-  at::Tensor pre = eq_linear_fwd(x, planes, bias);
-  at::Tensor a = at::gelu(pre);
-  return {a, keep_pre ? pre : none()};
-}
-
-// The second layer of an MLP, on a = GELU(pre) (a as eq_linear_fwd_gelu returned it): eq_linear_fwd(a,
-// planes, bias). pre is the backward's (grad_x then carries GELU'(pre): eq_linear_bwd's gelu_pre).
-at::Tensor eq_linear_fwd_gelu_in(const at::Tensor& a, const at::Tensor& pre, const at::Tensor& planes,
-                                 const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(pre.sizes() == a.sizes() && pre.scalar_type() == a.scalar_type() && pre.device() == a.device(),
-              "eq_linear_fwd_gelu_in: pre must match a (", shape(a.sizes()), ", ", c10::toString(a.scalar_type()),
-              ", ", a.device().str(), "), got ", shape(pre.sizes()), ", ", c10::toString(pre.scalar_type()), ", ",
-              pre.device().str());
-  return eq_linear_fwd(a, planes, bias);
+  return at::gelu(eq_linear_fwd(x, planes, bias));
 }
 
 // The training forward of the GEMM form: y as eq_linear_fwd's GEMM form computes it (fp16 / bf16, or
@@ -578,11 +546,9 @@ std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool inp
 // for fp16 / bf16 as products_form says. Returns (grad_x, false), or (an empty tensor, true) when grad_x
 // is left to the GEMM form (bwd_from_planes). With gf and the Hopper kernel, that kernel also writes
 // grad_y's planes [g0 | g2 | gR | gI] (M, 4d) into *gf and g0's partial column sums in FP32 into *g0_sums
-// (else both stay undefined). With gelu_pre (M, 4c) defined, *gelu_done tells whether the kernel has
-// multiplied grad_x by GELU'(gelu_pre) in its epilogue (the Hopper kernel; the caller does it otherwise).
+// (else both stay undefined).
 std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor& planes, bool gemm_ok,
-                                         at::Tensor* gf, at::Tensor* g0_sums, const at::Tensor& gelu_pre,
-                                         bool* gelu_done) {
+                                         at::Tensor* gf = nullptr, at::Tensor* g0_sums = nullptr) {
   const bool may_gemm = gemm_ok && gy.scalar_type() != at::kFloat && products_form() != ProductsForm::kFused;
   const int64_t M = gy.size(0), c = planes.size(2), d = planes.size(1);
   // (No Hopper kernel to try on other devices or with FLASH_EQLINEAR_SM90=0: no adjoint copy.)
@@ -596,24 +562,14 @@ std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor&
                                               static_cast<int>(pc.element_size()), at::cuda::getCurrentCUDAStream());
     TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: adjoint planes failed: ", cudaGetErrorString(err));
   }
-  GeluEpilogue ge;
-  ge.gelu_grad = gelu_pre;
-  if (!may_gemm) {
-    if (gelu_pre.defined() && hopper_may_fuse_gelu(gy, d, c)) {
-      at::Tensor gx = at::empty({M, 4 * c}, gy.options());
-      *gelu_done = fwd_sm90_16bit(gy, adj, at::Tensor(), gx, at::Tensor(), 1.f, at::Tensor(), ge);
-      if (*gelu_done) return {gx, false};
-    }
-    return {eq_linear_fwd(gy, adj, std::nullopt), false};
-  }
+  if (!may_gemm) return {eq_linear_fwd(gy, adj, std::nullopt), false};
   at::Tensor gx = at::empty({M, 4 * c}, gy.options());
   const bool write = gf != nullptr && M > 0;
   const at::Tensor planes_out = write ? at::empty_like(gy, at::MemoryFormat::Contiguous) : at::Tensor();
   const at::Tensor sums = write ? at::empty({eq_linear_fwd_sm90_sum_rows(M), d}, gy.options().dtype(at::kFloat))
                                 : at::Tensor();
-  if (!fwd_sm90_16bit(gy, adj, at::Tensor(), gx, planes_out, 1.f, sums, ge)) return {at::Tensor(), true};
+  if (!fwd_sm90_16bit(gy, adj, at::Tensor(), gx, planes_out, 1.f, sums)) return {at::Tensor(), true};
   if (write) std::tie(*gf, *g0_sums) = std::make_tuple(planes_out, sums);
-  *gelu_done = gelu_pre.defined();
   return {gx, false};
 }
 
@@ -702,47 +658,26 @@ void check_bwd_args(const at::Tensor& grad_y, const at::Tensor& t, const at::Ten
               c10::toString(dtype), ", ", c10::toString(t.scalar_type()), ", ", c10::toString(planes.scalar_type()));
 }
 
-// The backward ops' shared body: t is x, or with kept x's planes from eq_linear_fwd_xf (then gemm). With
-// gelu_pre (M, 4c) defined, the layer's input was GELU(gelu_pre) and grad_x is returned times
-// GELU'(gelu_pre), i.e. the gradient with respect to gelu_pre (fused into grad_x's Hopper kernel where it
-// runs, else at::gelu_backward).
+// The backward ops' shared body: t is x, or with kept x's planes from eq_linear_fwd_xf (then gemm).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& grad_y, const at::Tensor& t,
                                                    const at::Tensor& planes, bool needs_x, bool needs_p, bool needs_b,
-                                                   bool gemm, bool kept, const at::Tensor& gelu_pre) {
+                                                   bool gemm, bool kept) {
   const int64_t d = planes.size(1);
   const at::cuda::CUDAGuard guard(grad_y.device());
   const at::Tensor gy = grad_y.contiguous();
   const auto none = [&] { return at::empty({0}, gy.options()); };
   at::Tensor gx = none(), gp = none(), gb = none();
-  bool gx_gemm = false, gelu_done = false;
+  bool gx_gemm = false;
   at::Tensor gf, g0_sums;  // grad_y's planes, if grad_x's kernel writes them for the GEMM-form weight gradient
-  if (needs_x)
-    std::tie(gx, gx_gemm) =
-        grad_x_fused(gy, planes, gemm, gemm && needs_p ? &gf : nullptr, &g0_sums, gelu_pre, &gelu_done);
-  if (needs_p || needs_b || gx_gemm) {
-    if (!gemm) {
-      auto [p, b] = eq_linear_bwd_weight(t, gy);
-      if (needs_p) gp = p;
-      if (needs_b) gb = b;
-    } else if (!needs_p && !gx_gemm) {
-      gb = gy.sum(0, false, at::kFloat).view({d, 4}).sum(1).to(gy.scalar_type());
-    } else {
-      bwd_from_planes(gy, gf, g0_sums, t, kept, planes, gx_gemm, needs_p, needs_b, gx, gp, gb);
-    }
+  if (needs_x) std::tie(gx, gx_gemm) = grad_x_fused(gy, planes, gemm, gemm && needs_p ? &gf : nullptr, &g0_sums);
+  if (!needs_p && !needs_b && !gx_gemm) return {gx, gp, gb};
+  if (!gemm) {
+    auto [p, b] = eq_linear_bwd_weight(t, gy);
+    return {gx, needs_p ? p : gp, needs_b ? b : gb};
   }
-  if (needs_x && gelu_pre.defined() && !gelu_done) gx = at::gelu_backward(gx, gelu_pre);
+  if (!needs_p && !gx_gemm) return {gx, gp, gy.sum(0, false, at::kFloat).view({d, 4}).sum(1).to(gy.scalar_type())};
+  bwd_from_planes(gy, gf, g0_sums, t, kept, planes, gx_gemm, needs_p, needs_b, gx, gp, gb);
   return {gx, gp, gb};
-}
-
-// gelu_pre, checked against t (M, 4c) (x or its planes), contiguous; undefined for None.
-at::Tensor checked_gelu_pre(const std::optional<at::Tensor>& gelu_pre, const at::Tensor& t, const char* what) {
-  if (!gelu_pre.has_value()) return at::Tensor();
-  const at::Tensor& h = *gelu_pre;
-  TORCH_CHECK(h.sizes() == t.sizes() && h.scalar_type() == t.scalar_type() && h.device() == t.device(), what,
-              ": gelu_pre must have shape ", shape(t.sizes()), ", dtype ", c10::toString(t.scalar_type()), " on ",
-              t.device().str(), ", got ", shape(h.sizes()), ", ", c10::toString(h.scalar_type()), ", ",
-              h.device().str());
-  return h.contiguous();
 }
 
 // The whole backward in one op (one host call instead of a dozen Python-dispatched ones):
@@ -754,11 +689,9 @@ at::Tensor checked_gelu_pre(const std::optional<at::Tensor>& gelu_pre, const at:
 // GEMM-form grad_x an (M, 4c) FP32 buffer of plane products.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& grad_y, const at::Tensor& x,
                                                              const at::Tensor& planes, bool needs_x, bool needs_p,
-                                                             bool needs_b, bool gemm,
-                                                             const std::optional<at::Tensor>& gelu_pre) {
+                                                             bool needs_b, bool gemm) {
   check_bwd_args(grad_y, x, planes, "eq_linear_bwd", "x");
-  return bwd(grad_y, x, planes, needs_x, needs_p, needs_b, gemm, false,
-             checked_gelu_pre(gelu_pre, x, "eq_linear_bwd"));
+  return bwd(grad_y, x, planes, needs_x, needs_p, needs_b, gemm, false);
 }
 
 // The backward of eq_linear_fwd_xf: eq_linear_bwd's GEMM form with x's planes xf (M, 4c) = [f0 | f2 | fR
@@ -767,7 +700,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd_xf(const at::Tensor
                                                                 const at::Tensor& planes, bool needs_x, bool needs_p,
                                                                 bool needs_b) {
   check_bwd_args(grad_y, xf, planes, "eq_linear_bwd_xf", "xf");
-  return bwd(grad_y, xf, planes, needs_x, needs_p, needs_b, true, true, at::Tensor());
+  return bwd(grad_y, xf, planes, needs_x, needs_p, needs_b, true, true);
 }
 
 }  // namespace
@@ -777,12 +710,11 @@ TORCH_LIBRARY(flash_eqlinear, m) {
   m.def("eq_linear_bwd_weight(Tensor x, Tensor grad_y) -> (Tensor, Tensor)");
   m.def("eq_group_dft(Tensor t, bool input, bool sum) -> (Tensor, Tensor)");
   m.def("eq_linear_bwd(Tensor grad_y, Tensor x, Tensor planes, bool needs_x, bool needs_p, bool needs_b, "
-        "bool gemm, Tensor? gelu_pre=None) -> (Tensor, Tensor, Tensor)");
+        "bool gemm) -> (Tensor, Tensor, Tensor)");
   m.def("eq_linear_fwd_xf(Tensor x, Tensor planes, Tensor? bias) -> (Tensor, Tensor)");
   m.def("eq_linear_bwd_xf(Tensor grad_y, Tensor xf, Tensor planes, bool needs_x, bool needs_p, bool needs_b) "
         "-> (Tensor, Tensor, Tensor)");
-  m.def("eq_linear_fwd_gelu(Tensor x, Tensor planes, Tensor? bias, bool keep_pre) -> (Tensor, Tensor)");
-  m.def("eq_linear_fwd_gelu_in(Tensor a, Tensor pre, Tensor planes, Tensor? bias) -> Tensor");
+  m.def("eq_linear_fwd_gelu(Tensor x, Tensor planes, Tensor? bias) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
@@ -793,7 +725,6 @@ TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
   m.impl("eq_linear_fwd_xf", &eq_linear_fwd_xf);
   m.impl("eq_linear_bwd_xf", &eq_linear_bwd_xf);
   m.impl("eq_linear_fwd_gelu", &eq_linear_fwd_gelu);
-  m.impl("eq_linear_fwd_gelu_in", &eq_linear_fwd_gelu_in);
 }
 
 }  // namespace flash_eqlinear

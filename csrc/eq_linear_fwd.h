@@ -40,19 +40,10 @@ struct FwdParams {
   // grad_y's planes, without the planes' rounding).
   float* xf_sums = nullptr;
   // Optional, the fp16 / bf16 Hopper kernel only (the portable launchers return cudaErrorNotSupported
-  // when any is set): a GELU epilogue, all three (M, d, 4) like y and 16-byte aligned.
-  //   gelu:      y = GELU(result), GELU(v) = v Phi(v) (the exact, erf form) of the result rounded to
-  //              y's dtype (as GELU applied to a stored result computes it);
-  //   pre:       with gelu, the result (the pre-activation, rounded) also written here, or nullptr;
-  //   gelu_grad: y = result * GELU'(gelu_grad) (grad_x of a layer whose input was GELU(gelu_grad)),
-  //              from the FP32 result, rounded once.
+  // when set): y = GELU(result), GELU(v) = v Phi(v) (the exact, erf form) of the result rounded to y's
+  // dtype, as GELU applied to the stored result computes it.
   bool gelu = false;
-  void* pre = nullptr;
-  const void* gelu_grad = nullptr;
 };
-
-// Whether p asks for one of the Hopper kernel's GELU epilogues (FwdParams::gelu, pre, gelu_grad).
-inline bool fwd_has_gelu_epilogue(const FwdParams& p) { return p.gelu || p.pre != nullptr || p.gelu_grad != nullptr; }
 
 // One launch; returns the launch error (cudaSuccess when nothing went wrong). M == 0 is a no-op.
 // Element type: float (exact FP32 SIMT), __half, __nv_bfloat16 (tensor cores, FP32 accumulation).

@@ -44,9 +44,11 @@
 // buffer) measured no faster.
 //
 // Epilogue: the inverse transform + bias in FP32 registers, one 16-byte store per (row, o pair) of
-// the interleaved (M, d, 4) output. fp16 / bf16 optionally fuse a GELU (FwdParams::gelu, pre: the
-// first layer of an MLP) or GELU's derivative (FwdParams::gelu_grad: grad_x of the second), which
-// saves the elementwise passes over the hidden activation that would otherwise follow.
+// the interleaved (M, d, 4) output. The kGelu variants (fp16 / bf16, FwdParams::gelu: the first layer
+// of an MLP in inference) store GELU of it instead, saving a pass over the hidden activation. (GELU
+// with the pre-activation kept, and GELU' in grad_x's epilogue, for training, measured slower than the
+// separate passes: erf's ~40 instructions per element lengthen the epilogue, which sets the pace at
+// short K. benchmarks/README.md, v19.)
 //
 // Optional by-product (fp16 / bf16, FwdParams::xf): x's Fourier planes as column blocks (M, 4c), for a
 // backward that would otherwise make them in a pass of its own. Warps 1-3 of the producer warpgroup
@@ -109,9 +111,6 @@ struct Sm90Params {
   void* xf;          // (M, 4c) or nullptr: FwdParams::xf
   float* xf_sums;    // (3 num_m, c) or nullptr: FwdParams::xf_sums
   float xf_scale;
-  void* pre;              // FwdParams::pre, or nullptr
-  const void* gelu_grad;  // FwdParams::gelu_grad, or nullptr
-  bool gelu;              // FwdParams::gelu
   int64_t M;
   int c, d, k_tiles, num_m, num_n;
   int group_m;  // m tiles per group of the walk (see tile_origin)
@@ -156,34 +155,18 @@ __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t
   FI = to_tf32(fi);
 }
 
-// GELU and its derivative, exact (erf) form, in FP32: GELU(v) = v Phi(v), GELU'(v) = Phi(v) + v phi(v).
-template <int = 0>
-__device__ __forceinline__ float gelu_f32(float v) {
-  return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
-}
-
-template <int = 0>
-__device__ __forceinline__ float gelu_grad_f32(float v) {
-  const float cdf = 0.5f * (1.f + erff(v * 0.70710678118654752f));
-  return cdf + v * 0.39894228040143268f * expf(-0.5f * v * v);  // 1/sqrt(2 pi)
-}
-
-// GELU of a packed pair of 16-bit values (the rounded pre-activation), rounded again.
+// GELU, exact (erf) form, of a packed pair of 16-bit values (the rounded pre-activation), in FP32,
+// rounded again: what GELU applied to the stored layer output computes. GELU(v) = v Phi(v).
 template <class T>
 __device__ __forceinline__ uint32_t gelu_pair(uint32_t u) {
   const float2 v = Elem<T>::unpack(u);
-  return Elem<T>::pack(gelu_f32(v.x), gelu_f32(v.y));
-}
-
-// (g0, g1) * GELU'(the packed pair h), rounded once.
-template <class T>
-__device__ __forceinline__ uint32_t times_gelu_grad(float g0, float g1, uint32_t h) {
-  const float2 v = Elem<T>::unpack(h);
-  return Elem<T>::pack(g0 * gelu_grad_f32(v.x), g1 * gelu_grad_f32(v.y));
+  const auto gelu = [](float w) { return 0.5f * w * (1.f + erff(w * 0.70710678118654752f)); };
+  return Elem<T>::pack(gelu(v.x), gelu(v.y));
 }
 
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
-template <class T, int kCl>
+// kGelu: the epilogue stores GELU of the output (FwdParams::gelu).
+template <class T, int kCl, bool kGelu>
 __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
                                         int num_tiles) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -289,27 +272,17 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
         const int64_t m = static_cast<int64_t>(m0) + row + 8 * r8;
         if (m >= p.M) continue;
         if constexpr (sizeof(T) == 2) {
-          const int64_t off = (m * p.d + o) * 4;
-          float4 r[2];
+          uint32_t out[2][2];
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const int e = 2 * r8 + i;
-            r[i] = inverse_dft4_f32<Elem<T>::kHalve>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i]);
-          }
-          uint4 out;
-          if (p.gelu_grad != nullptr) {  // grad_x of a layer on GELU(h): times GELU'(h), rounded once
-            const uint4 h = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.gelu_grad) + off));
-            out = make_uint4(times_gelu_grad<T>(r[0].x, r[0].y, h.x), times_gelu_grad<T>(r[0].z, r[0].w, h.y),
-                             times_gelu_grad<T>(r[1].x, r[1].y, h.z), times_gelu_grad<T>(r[1].z, r[1].w, h.w));
-          } else {
-            out = make_uint4(Elem<T>::pack(r[0].x, r[0].y), Elem<T>::pack(r[0].z, r[0].w), Elem<T>::pack(r[1].x, r[1].y),
-                             Elem<T>::pack(r[1].z, r[1].w));
-            if (p.gelu) {  // the pre-activation (if kept), then GELU of its rounded values
-              if (p.pre != nullptr) *reinterpret_cast<uint4*>(static_cast<T*>(p.pre) + off) = out;
-              out = make_uint4(gelu_pair<T>(out.x), gelu_pair<T>(out.y), gelu_pair<T>(out.z), gelu_pair<T>(out.w));
+            inverse_dft4<T>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i], out[i][0], out[i][1]);
+            if constexpr (kGelu) {
+              out[i][0] = gelu_pair<T>(out[i][0]);
+              out[i][1] = gelu_pair<T>(out[i][1]);
             }
           }
-          *reinterpret_cast<uint4*>(y + off) = out;
+          *reinterpret_cast<uint4*>(y + (m * p.d + o) * 4) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
         } else {  // two 16-byte stores: channels o and o + 1
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
@@ -383,7 +356,8 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uin
 // kCl = 2 (plain variant only): clusters of two CTAs on the same m tile and adjacent n tiles. Each
 // producer loads one of a stage's two x sub-tiles and multicasts it to both CTAs, so x is read from
 // L2 once per pair; each releases a stage only when the consumers of both CTAs have read it.
-template <class T, bool kXf, int kCl = 1>
+// kGelu (plain variant, fp16 / bf16): the epilogue stores GELU of the output.
+template <class T, bool kXf, int kCl = 1, bool kGelu = false>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
                           const Sm90Params p) {
@@ -394,6 +368,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
   const uint32_t xfull = empty_bar + 8 * kStages, xempty = xfull + 8, xbuf = base + kXfBufOffset;  // kXf only
   const int num_tiles = p.num_m * p.num_ng;  // steps of the walk (one per cluster)
   static_assert(kCl == 1 || (kCl == 2 && !kXf), "clusters of two, plain variant only");
+  static_assert(!kGelu || (!kXf && sizeof(T) == 2), "the GELU epilogue: fp16 / bf16, plain variant");
   const int rank = kCl == 1 ? 0 : static_cast<int>(cluster_ctarank());
 
   constexpr bool writes_xf = kXf && sizeof(T) == 2;
@@ -451,7 +426,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     }
   } else {
     setmaxnreg_inc<kXf ? 224 : 240>();
-    consume<T, kCl>(p, base, full_bar, empty_bar, num_tiles);
+    consume<T, kCl, kGelu>(p, base, full_bar, empty_bar, num_tiles);
     // No CTA exits while its partner may still write to it or arrive on its barriers: every multicast
     // into a CTA and every remote arrival precedes its partner's consumers' last wait or arrival.
     // (The cluster barrier waits for the threads that have not exited: the producer warps need not
@@ -493,7 +468,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   if (!sm90_path_enabled() || p.M <= 0 || p.M > 0x7fffffff - kBM || (p.c * kE) % 16 != 0 || p.d % 2 != 0 ||
       p.c > 0x3fffffff / 4 || p.d > 0x7fffffff - kBN || !aligned16(p.x) || !aligned16(p.planes) || !aligned16(p.y) ||
       reinterpret_cast<uintptr_t>(p.bias) % (2 * kE) != 0 || (p.xf != nullptr && (kE == 4 || !aligned16(p.xf))) ||
-      (fwd_has_gelu_epilogue(p) && (kE == 4 || !aligned16(p.pre) || !aligned16(p.gelu_grad))))
+      (p.gelu && (kE == 4 || p.xf != nullptr)))
     return cudaSuccess;
   int dev = 0, major = 0, smem_optin = 0, num_sms = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -524,9 +499,6 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.xf = p.xf;
   kp.xf_sums = p.xf_sums;
   kp.xf_scale = p.xf_scale;
-  kp.pre = p.pre;
-  kp.gelu_grad = p.gelu_grad;
-  kp.gelu = p.gelu;
   kp.M = p.M;
   kp.c = static_cast<int>(p.c);
   kp.d = static_cast<int>(p.d);
@@ -538,8 +510,10 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   // (c = d = 2048: 5-6% faster than groups of 8, benchmarks/README.md v12). Larger planes are streamed
   // once per group: groups of 8 m tiles read them a quarter as often.
   kp.group_m = 4 * kE * p.c * p.d <= (int64_t{32} << 20) ? 2 : 8;
+  // (kGelu instantiated for fp16 / bf16 only: T = float never takes it, p.gelu is refused above.)
+  constexpr bool k16 = sizeof(T) == 2;
   if (p.xf == nullptr && num_n > 1 && sm90_clusters(num_n, kE)) {  // clusters of two sharing x (the kernel, kCl)
-    auto kernel = eq_linear_fwd_sm90_kernel<T, false, 2>;
+    auto kernel = p.gelu ? eq_linear_fwd_sm90_kernel<T, false, 2, k16> : eq_linear_fwd_sm90_kernel<T, false, 2>;
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     kp.num_ng = static_cast<int>((num_n + 1) / 2);
@@ -575,7 +549,9 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
     }
   }
   kp.num_ng = kp.num_n;
-  auto kernel = p.xf != nullptr ? eq_linear_fwd_sm90_kernel<T, true> : eq_linear_fwd_sm90_kernel<T, false>;
+  auto kernel = p.xf != nullptr ? eq_linear_fwd_sm90_kernel<T, true>
+                : p.gelu        ? eq_linear_fwd_sm90_kernel<T, false, 1, k16>
+                                : eq_linear_fwd_sm90_kernel<T, false>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_m * num_n, num_sms));

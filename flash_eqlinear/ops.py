@@ -173,7 +173,7 @@ if kernels_available():
         return "gemm" if c * d >= min_cd else "fused"
 
     @torch.library.register_fake("flash_eqlinear::eq_linear_bwd")
-    def _eq_linear_bwd_fake(grad_y, x, planes, needs_x, needs_p, needs_b, gemm, gelu_pre=None):
+    def _eq_linear_bwd_fake(grad_y, x, planes, needs_x, needs_p, needs_b, gemm):
         d, c = planes.shape[1], planes.shape[2]
         torch._check(
             x.dim() == 2
@@ -199,102 +199,58 @@ if kernels_available():
         ctx.has_bias = bias is not None
         ctx.save_for_backward(x, planes)
 
-    def _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b, gelu_pre=None):
+    def _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b):
         """create_graph=True (double backward, gradient penalties, Hessian-vector products): gradients
         that are themselves differentiable. grad_x through the forward op on the adjoint planes (its
-        own backward is registered), times GELU'(gelu_pre) if given, the weight gradients by stock ops
-        in x's dtype, returned in the planes' dtype."""
+        own backward is registered), the weight gradients by stock ops in x's dtype, returned in the
+        planes' dtype."""
         gx = None
         if needs_x:
             adj = reference.adjoint_planes(planes).contiguous()
             gx = torch.ops.flash_eqlinear.eq_linear_fwd(grad_y.contiguous(), adj, None)
-            if gelu_pre is not None:
-                gx = torch.ops.aten.gelu_backward(gx, gelu_pre)
         _, gp, gb = reference.fourier_eq_linear_backward(
             grad_y.to(x.dtype), x, planes.to(x.dtype), (False, needs_p, needs_b)
         )
         return gx, *(None if t is None else t.to(planes.dtype) for t in (gp, gb))
 
-    def _linear_grads(grad_y, x, planes, needs_x, needs_p, needs_b, gelu_pre=None):
-        """(grad_x, grad_planes, grad_bias) of eq_linear_fwd(x, planes, bias), None where not needed;
-        with gelu_pre, x was GELU(gelu_pre) and grad_x is the gradient with respect to gelu_pre."""
+    def _backward(ctx, grad_y):
+        x, planes = ctx.saved_tensors[:2]
+        needs_x, needs_p = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        needs_b = ctx.has_bias and ctx.needs_input_grad[2]
         if torch.is_grad_enabled():
-            return _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b, gelu_pre)
+            return _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b)
         mode = weight_grad_mode(planes.shape[2], planes.shape[1], x.dtype, x.device.index)
         ref = mode == "reference" and (needs_p or needs_b)
         # One op for the rest (grad_x: the forward kernel on the adjoint planes; the weight: the fused
         # kernel or group DFTs + GEMMs): the host cost of a backward is one call, not a dozen.
         gx, gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd(
-            grad_y, x, planes, needs_x, needs_p and not ref, needs_b and not ref, mode == "gemm", gelu_pre
+            grad_y, x, planes, needs_x, needs_p and not ref, needs_b and not ref, mode == "gemm"
         )
         if ref:
             _, gp, gb = reference.fourier_eq_linear_backward(grad_y, x, planes, (False, needs_p, needs_b))
         return gx if needs_x else None, gp if needs_p else None, gb if needs_b else None
 
-    def _backward(ctx, grad_y):
-        x, planes = ctx.saved_tensors
-        needs_b = ctx.has_bias and ctx.needs_input_grad[2]
-        return _linear_grads(grad_y, x, planes, ctx.needs_input_grad[0], ctx.needs_input_grad[1], needs_b)
-
     torch.library.register_autograd("flash_eqlinear::eq_linear_fwd", _backward, setup_context=_setup_context)
 
-    # ---- An MLP's two layers with GELU between them (flash_eq_mlp) ----
+    # ---- GELU(layer) in one kernel (flash_eq_mlp's inference path) ----
     @torch.library.register_fake("flash_eqlinear::eq_linear_fwd_gelu")
-    def _eq_linear_fwd_gelu_fake(x, planes, bias, keep_pre):
-        a = _eq_linear_fwd_fake(x, planes, bias)
-        return a, a.new_empty(a.shape if keep_pre else (0,))
-
-    @torch.library.register_fake("flash_eqlinear::eq_linear_fwd_gelu_in")
-    def _eq_linear_fwd_gelu_in_fake(a, pre, planes, bias):
-        torch._check(
-            pre.shape == a.shape and pre.dtype == a.dtype,
-            lambda: f"eq_linear_fwd_gelu_in: pre must match a {tuple(a.shape)}, got {tuple(pre.shape)}",
-        )
-        return _eq_linear_fwd_fake(a, planes, bias)
+    def _eq_linear_fwd_gelu_fake(x, planes, bias):
+        return _eq_linear_fwd_fake(x, planes, bias)
 
     def _setup_context_gelu(ctx, inputs, output):
-        x, planes, bias, keep_pre = inputs
-        ctx.has_bias, ctx.keep_pre = bias is not None, keep_pre
-        ctx.save_for_backward(x, planes, output[1])
-        ctx.set_materialize_grads(False)
+        x, planes, bias = inputs
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, planes, bias)
 
-    def _backward_gelu(ctx, grad_a, grad_pre):
-        # a = GELU(pre): the gradient reaching pre is grad_pre + GELU'(pre) grad_a. (flash_eq_mlp's second
-        # layer passes its gradient as grad_pre, GELU' applied already, and none for a.)
-        x, planes, pre = ctx.saved_tensors
-        if grad_a is not None:
-            if not ctx.keep_pre:
-                raise RuntimeError("eq_linear_fwd_gelu: differentiating through a needs keep_pre=True")
-            g = torch.ops.aten.gelu_backward(grad_a, pre)
-            grad_pre = g if grad_pre is None else grad_pre + g
-        needs_b = ctx.has_bias and ctx.needs_input_grad[2]
-        if grad_pre is None:
-            return None, None, None, None
-        return *_linear_grads(
-            grad_pre, x, planes, ctx.needs_input_grad[0], ctx.needs_input_grad[1], needs_b
-        ), None
+    def _backward_gelu(ctx, grad_a):
+        # The layer's backward at GELU'(pre) grad_a, pre recomputed (the op keeps only its output;
+        # flash_eq_mlp takes it where no gradient is needed).
+        x, planes, bias = ctx.saved_tensors
+        pre = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, bias)
+        return _backward(ctx, torch.ops.aten.gelu_backward(grad_a, pre))
 
     torch.library.register_autograd(
         "flash_eqlinear::eq_linear_fwd_gelu", _backward_gelu, setup_context=_setup_context_gelu
-    )
-
-    def _setup_context_gelu_in(ctx, inputs, output):
-        a, pre, planes, bias = inputs
-        ctx.has_bias = bias is not None
-        ctx.save_for_backward(a, pre, planes)
-
-    def _backward_gelu_in(ctx, grad_y):
-        # y = L(a) with a = GELU(pre): the input gradient goes to pre (GELU' fused into grad_x's kernel
-        # where it can be), none to a.
-        a, pre, planes = ctx.saved_tensors
-        needs_b = ctx.has_bias and ctx.needs_input_grad[3]
-        gpre, gp, gb = _linear_grads(
-            grad_y, a, planes, ctx.needs_input_grad[1], ctx.needs_input_grad[2], needs_b, pre
-        )
-        return None, gpre, gp, gb
-
-    torch.library.register_autograd(
-        "flash_eqlinear::eq_linear_fwd_gelu_in", _backward_gelu_in, setup_context=_setup_context_gelu_in
     )
 
     # ---- The training forward that keeps x's Fourier planes (eq_linear_fwd_xf) ----
@@ -408,22 +364,16 @@ def autocast_inputs(x, weight, bias):
     return to(x), to(weight), to(bias)
 
 
-def _fused_mlp_enabled() -> bool:
-    """FLASH_EQLINEAR_FUSED_MLP=0 turns flash_eq_mlp's fused path off (read when called)."""
-    return os.environ.get("FLASH_EQLINEAR_FUSED_MLP", "1").strip() != "0"
-
-
 def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torch.Tensor:
     """An equivariant MLP, ``flash_eq_linear(GELU(flash_eq_linear(x, weight1, bias1)), weight2, bias2)``.
 
     x (..., c*T); weight1: planes (T, h, c), bias1 (h,) or None; weight2: planes (T, d, h), bias2 (d,) or
-    None -> (..., d*T). GELU is the exact (erf) form, ``nn.GELU()``. Same function as the three calls, fused
-    where the kernels allow: for T = 4 on CUDA the first layer's kernel applies GELU in its epilogue and the
-    second layer's grad_x kernel GELU's derivative (fp16 / bf16 on Hopper GPUs; elsewhere the same ops run
-    them as separate passes), so neither elementwise pass over the hidden activation remains. In training it
-    keeps the pre-activation and GELU's output (as the unfused layers do). Layers whose training forward
-    keeps x's Fourier planes (``flash_eq_linear``) run unfused, as does everything with
-    ``FLASH_EQLINEAR_FUSED_MLP=0``. Under ``torch.autocast`` it casts like ``nn.Linear``.
+    None -> (..., d*T). GELU is the exact (erf) form, ``nn.GELU()``. Same function as the three calls. Where
+    no gradient is needed (inference), for T = 4 on CUDA the first layer's kernel applies GELU in its
+    epilogue (fp16 / bf16 on Hopper GPUs; elsewhere GELU runs as its own pass): no pass over the hidden
+    activation remains. In training it runs the three calls (fusing GELU there measured slower).
+    ``FLASH_EQLINEAR_FUSED_MLP=0`` runs the three calls always. Under ``torch.autocast`` it casts like
+    ``nn.Linear``.
     """
     x, weight1, bias1 = autocast_inputs(x, weight1, bias1)
     _, weight2, bias2 = autocast_inputs(x, weight2, bias2)
@@ -433,33 +383,18 @@ def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torc
         raise ValueError(
             f"weight2 must have shape (T, d, h) = ({T}, d, {h}) (weight1 is (T, h, c)), got {got}"
         )
-    d = weight2.shape[1]
-
-    def unfused():
-        hidden = flash_eq_linear(x, weight1, bias1, T)
-        return flash_eq_linear(torch.nn.functional.gelu(hidden), weight2, bias2, T)
-
-    if backend_for(x, T) != "cuda" or not _fused_mlp_enabled():
-        return unfused()
+    params = (x, weight1, bias1, weight2, bias2)
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
+    fused = os.environ.get("FLASH_EQLINEAR_FUSED_MLP", "1").strip() != "0"
+    if needs_grad or not fused or backend_for(x, T) != "cuda":
+        hidden = torch.nn.functional.gelu(flash_eq_linear(x, weight1, bias1, T))
+        return flash_eq_linear(hidden, weight2, bias2, T)
     reference.check_inputs(x.new_empty((0, h * T)), weight2, bias2, T, "planes")  # layer 2's dtype, device
-    params = (weight1, bias1, weight2, bias2)
-    training = torch.is_grad_enabled() and (
-        x.requires_grad or any(t is not None and t.requires_grad for t in params)
+    hidden = torch.ops.flash_eqlinear.eq_linear_fwd_gelu(
+        x.reshape(-1, c * T).contiguous(), weight1.contiguous(), bias1
     )
-    dev = x.device.index
-    if training and (
-        _gemm_training_forward(x.dtype, c, h, dev) or _gemm_training_forward(x.dtype, h, d, dev)
-    ):
-        return unfused()
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, c * T).contiguous()
-    w1, w2 = weight1.contiguous(), weight2.contiguous()
-    a, pre = torch.ops.flash_eqlinear.eq_linear_fwd_gelu(x2, w1, bias1, training)
-    if training:
-        y = torch.ops.flash_eqlinear.eq_linear_fwd_gelu_in(a, pre, w2, bias2)
-    else:
-        y = torch.ops.flash_eqlinear.eq_linear_fwd(a, w2, bias2)
-    return y.reshape(*lead, d * T)
+    y = torch.ops.flash_eqlinear.eq_linear_fwd(hidden, weight2.contiguous(), bias2)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 def flash_eq_linear(x, weight, bias=None, group_size: int = 4) -> torch.Tensor:

@@ -223,8 +223,8 @@ class Mlp(nn.Module):
     """Linear -> GELU -> Linear (GELU is pointwise, so it commutes with the group action).
 
     With two :class:`~flash_eqlinear.FlashEQLinear` layers (without forward hooks, which a fused call
-    would skip) and the exact GELU, one :func:`~flash_eqlinear.flash_eq_mlp` call (GELU and its
-    derivative fused into the layers' kernels where they can be); the same function either way.
+    would skip) and the exact GELU, one :func:`~flash_eqlinear.flash_eq_mlp` call (in inference, GELU
+    in the first layer's kernel where it can be); the same function either way.
     """
 
     def __init__(self, variant: Variant, dim: int, hidden: int):
