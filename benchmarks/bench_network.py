@@ -14,7 +14,9 @@ NaiveEQLinear; flash: FlashEQLinear) it records:
   (the model cast to half), under inference_mode;
 * the time spent in all linear layers and its share of the forward: a second timed pass with CUDA
   events recorded by forward pre/post hooks around every linear layer (also per layer name:
-  qkv, proj, fc1, fc2, reduction, head);
+  qkv, proj, fc1, fc2, reduction, head). The flash models' MLPs run their layers one by one in
+  that pass (a fused ``flash_eq_mlp`` call would skip the hooks): it times the layers without the
+  GELU that the first pass fuses into fc1;
 * a training step (forward, backward, AdamW step) under bf16 autocast for ViT-B and ViT-L
   (``--train``): median step time, images/s and peak memory.
 

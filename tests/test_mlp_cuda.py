@@ -80,9 +80,9 @@ def test_mlp_against_fp64(M, c, h, d, dtype):
     if dtype == torch.float32:
         assert rel_l2(y_inf, y64) < 1e-5
     # Every gradient (the weights' as planes: the dense composition's reach its planes through the
-    # expansion) within twice the dense composition's error.
+    # expansion) within twice the dense composition's error (FP32: under 1e-5, as the layer's).
     for k, name in enumerate(("x", "w1", "b1", "w2", "b2")):
-        tol = 2 * max(rel_l2(gradsl[k], grads64[k]), floor)
+        tol = 1e-5 if dtype == torch.float32 else 2 * max(rel_l2(gradsl[k], grads64[k]), floor)
         err = rel_l2(grads[k], grads64[k])
         assert grads[k].dtype == dtype and err <= tol, (name, err, tol)
 
