@@ -1,0 +1,133 @@
+"""flash_eq_mlp fused against unfused (FLASH_EQLINEAR_FUSED_MLP=0) and nn.Linear, one MLP and whole EQ-ViTs.
+
+MLP: x (M, C) -> C -> H -> C, GELU between, in inference (no_grad) and training (forward + backward),
+at the ViT-B / -L / -H shapes (M = 128 images x tokens). Network: EQ-ViT inference (fp16, batch 128) and
+bf16 training steps (batch 128, AdamW, bench_network's step), the flash model fused and unfused
+beside the plain one. The variants alternate over --rounds rounds, each a median of CUDA-event timed
+calls; the table shows each variant's best round median (and all rounds in the JSON).
+
+Usage: python benchmarks/bench_mlp.py [--parts mlp,infer,train] [--out bench_mlp_<commit>.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_network import environment, time_calls, training_step  # noqa: E402
+
+import flash_eqlinear as fe  # noqa: E402
+from flash_eqlinear.models import eq_vit  # noqa: E402
+
+DEV = torch.device("cuda")
+MLP_SHAPES = {"ViT-B": (25216, 768, 3072), "ViT-L": (25216, 1024, 4096), "ViT-H": (32896, 1280, 5120)}
+
+
+def median_ms(fn, warmup, iters) -> float:
+    return statistics.median(time_calls(fn, DEV, warmup, iters))
+
+
+def alternate(calls: dict, rounds: int, warmup: int, iters: int) -> dict:
+    """calls: name -> (fn, fused flag); rounds of medians, the variants in turn."""
+    out = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, (fn, fused) in calls.items():
+            os.environ["FLASH_EQLINEAR_FUSED_MLP"] = "1" if fused else "0"
+            out[name].append(median_ms(fn, warmup, iters))
+    os.environ["FLASH_EQLINEAR_FUSED_MLP"] = "1"
+    return out
+
+
+def mlp_calls(M, C, H, dtype, train):
+    g = torch.Generator(device=DEV).manual_seed(0)
+    c, h = C // 4, H // 4
+    x = torch.randn(M, C, device=DEV, generator=g).to(dtype).requires_grad_(train)
+    w1 = (torch.randn(4, h, c, device=DEV, generator=g) / C**0.5).to(dtype).requires_grad_(train)
+    b1 = torch.randn(h, device=DEV, generator=g).to(dtype).requires_grad_(train)
+    w2 = (torch.randn(4, c, h, device=DEV, generator=g) / H**0.5).to(dtype).requires_grad_(train)
+    b2 = torch.randn(c, device=DEV, generator=g).to(dtype).requires_grad_(train)
+    lin1, lin2 = (torch.nn.Linear(i, o, device=DEV, dtype=dtype) for i, o in ((C, H), (H, C)))
+    gy = torch.randn(M, C, device=DEV, generator=g).to(dtype)
+
+    def run(fn):
+        def call():
+            if train:
+                fn().backward(gy)
+            else:
+                with torch.no_grad():
+                    fn()
+
+        return call
+
+    flash = run(lambda: fe.flash_eq_mlp(x, w1, b1, w2, b2))
+    plain = run(lambda: lin2(F.gelu(lin1(x))))
+    return {"flash fused": (flash, True), "flash unfused": (flash, False), "plain": (plain, True)}
+
+
+def network_calls(scale, train):
+    torch.manual_seed(0)
+    if train:
+        x = torch.randn(128, 3, 224, 224, device=DEV)
+        y = torch.randint(0, 1000, (128,), device=DEV)
+        steps = {v: training_step(eq_vit(scale, v, device=DEV), x, y, DEV) for v in ("plain", "flash")}
+    else:
+        x = torch.randn(128, 3, 224, 224, device=DEV, dtype=torch.float16)
+        steps = {}
+        for v in ("plain", "flash"):
+            model = eq_vit(scale, v, device=DEV).eval().half()
+
+            def step(model=model):
+                with torch.no_grad():
+                    model(x)
+
+            steps[v] = step
+    return {
+        "plain": (steps["plain"], True),
+        "flash fused": (steps["flash"], True),
+        "flash unfused": (steps["flash"], False),
+    }
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--parts", default="mlp,infer,train", help="comma list of: mlp, infer, train")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=None, help="JSON file name under benchmarks/results/")
+    args = ap.parse_args(argv)
+    parts = args.parts.split(",")
+    rows = []
+
+    def record(what, times):
+        best = {k: min(v) for k, v in times.items()}
+        rows.append({"case": what, "ms_rounds": times, "ms": best})
+        ratios = ", ".join(f"{k} {v:.3f} ms ({best['plain'] / v:.2f}x plain)" for k, v in best.items())
+        print(f"{what}: {ratios}", flush=True)
+
+    for name, (M, C, H) in MLP_SHAPES.items() if "mlp" in parts else ():
+        dtype = torch.float16 if name == "ViT-H" else torch.bfloat16
+        for train in (False, True):
+            mode = "training" if train else "inference"
+            what = f"MLP {name} (M={M}, C={C}, H={H}, {str(dtype)[6:]}) {mode}"
+            record(what, alternate(mlp_calls(M, C, H, dtype, train), args.rounds, 3, 20))
+    nets = [(s, False) for s in ("B", "H") if "infer" in parts]
+    nets += [(s, True) for s in ("B", "L") if "train" in parts]
+    for scale, train in nets:
+        what = f"EQ-ViT-{scale} " + ("bf16 training step" if train else "fp16 inference") + ", batch 128"
+        record(what, alternate(network_calls(scale, train), args.rounds, 3, 10))
+        torch.cuda.empty_cache()
+    if args.out:
+        path = Path(__file__).parent / "results" / args.out
+        path.write_text(json.dumps({"env": environment(DEV), "args": vars(args), "rows": rows}, indent=1))
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
