@@ -1,12 +1,13 @@
-"""flash_eq_mlp fused against unfused (FLASH_EQLINEAR_FUSED_MLP=0) and nn.Linear, one MLP and whole EQ-ViTs.
+"""flash_eq_mlp's inference path, fused (GELU in fc1's kernel) against unfused (FLASH_EQLINEAR_FUSED_MLP=0)
+and nn.Linear: one MLP and whole EQ-ViTs.
 
-MLP: x (M, C) -> C -> H -> C, GELU between, in inference (no_grad) and training (forward + backward),
-at the ViT-B / -L / -H shapes (M = 128 images x tokens). Network: EQ-ViT inference (fp16, batch 128) and
-bf16 training steps (batch 128, AdamW, bench_network's step), the flash model fused and unfused
-beside the plain one. The variants alternate over --rounds rounds, each a median of CUDA-event timed
-calls; the table shows each variant's best round median (and all rounds in the JSON).
+MLP: x (M, C) -> H -> C, GELU between, at the ViT-B / -L / -H shapes (M = 128 images x tokens), in
+inference (no_grad; fused, unfused, plain) and training (forward + backward; flash against plain).
+Network: EQ-ViT-B / -H fp16 inference, batch 128, the flash model fused and unfused beside the plain one.
+The variants alternate over --rounds rounds, each a median of CUDA-event timed calls; the lines show each
+variant's best round median (all rounds in the JSON).
 
-Usage: python benchmarks/bench_mlp.py [--parts mlp,infer,train] [--out bench_mlp_<commit>.json]
+Usage: python benchmarks/bench_mlp.py [--parts mlp,infer] [--out bench_mlp_<commit>.json]
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_network import environment, time_calls, training_step  # noqa: E402
+from bench_network import environment, time_calls  # noqa: E402
 
 import flash_eqlinear as fe  # noqa: E402
 from flash_eqlinear.models import eq_vit  # noqa: E402
@@ -69,26 +70,23 @@ def mlp_calls(M, C, H, dtype, train):
 
     flash = run(lambda: fe.flash_eq_mlp(x, w1, b1, w2, b2))
     plain = run(lambda: lin2(F.gelu(lin1(x))))
+    if train:  # (one path: training runs the layers and GELU as separate passes)
+        return {"flash": (flash, True), "plain": (plain, True)}
     return {"flash fused": (flash, True), "flash unfused": (flash, False), "plain": (plain, True)}
 
 
-def network_calls(scale, train):
+def network_calls(scale):
     torch.manual_seed(0)
-    if train:
-        x = torch.randn(128, 3, 224, 224, device=DEV)
-        y = torch.randint(0, 1000, (128,), device=DEV)
-        steps = {v: training_step(eq_vit(scale, v, device=DEV), x, y, DEV) for v in ("plain", "flash")}
-    else:
-        x = torch.randn(128, 3, 224, 224, device=DEV, dtype=torch.float16)
-        steps = {}
-        for v in ("plain", "flash"):
-            model = eq_vit(scale, v, device=DEV).eval().half()
+    x = torch.randn(128, 3, 224, 224, device=DEV, dtype=torch.float16)
+    steps = {}
+    for v in ("plain", "flash"):
+        model = eq_vit(scale, v, device=DEV).eval().half()
 
-            def step(model=model):
-                with torch.no_grad():
-                    model(x)
+        def step(model=model):
+            with torch.no_grad():
+                model(x)
 
-            steps[v] = step
+        steps[v] = step
     return {
         "plain": (steps["plain"], True),
         "flash fused": (steps["flash"], True),
@@ -98,7 +96,7 @@ def network_calls(scale, train):
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--parts", default="mlp,infer,train", help="comma list of: mlp, infer, train")
+    ap.add_argument("--parts", default="mlp,infer", help="comma list of: mlp, infer")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None, help="JSON file name under benchmarks/results/")
     args = ap.parse_args(argv)
@@ -117,11 +115,9 @@ def main(argv=None) -> None:
             mode = "training" if train else "inference"
             what = f"MLP {name} (M={M}, C={C}, H={H}, {str(dtype)[6:]}) {mode}"
             record(what, alternate(mlp_calls(M, C, H, dtype, train), args.rounds, 3, 20))
-    nets = [(s, False) for s in ("B", "H") if "infer" in parts]
-    nets += [(s, True) for s in ("B", "L") if "train" in parts]
-    for scale, train in nets:
-        what = f"EQ-ViT-{scale} " + ("bf16 training step" if train else "fp16 inference") + ", batch 128"
-        record(what, alternate(network_calls(scale, train), args.rounds, 3, 10))
+    for scale in ("B", "H") if "infer" in parts else ():
+        times = alternate(network_calls(scale), args.rounds, 3, 10)
+        record(f"EQ-ViT-{scale} fp16 inference, batch 128", times)
         torch.cuda.empty_cache()
     if args.out:
         path = Path(__file__).parent / "results" / args.out

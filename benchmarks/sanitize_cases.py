@@ -16,7 +16,7 @@ SHAPES += [(257, 20, 31), (1000, 32, 32), (4097, 16, 8)]  # the narrow kernel's 
 SHAPES += [(5000, 40, 200), (20000, 3, 200)]  # FP32 tiled: more tiles than blocks (one k tile for c = 3)
 # Which ops: fwd, bwd, dft (group DFT), tiles (FP32 tiles), gemm (the 16-bit GEMM forms), gauss (the
 # three-product GEMM form), wgrad (the 16-bit weight gradient on shapes of its Hopper kernel), mlp (the
-# Hopper kernel's GELU epilogues), hopper (the Hopper forward alone, its clusters forced; not in the
+# Hopper kernel's GELU epilogue), hopper (the Hopper forward alone, its clusters forced; not in the
 # default list); "quick": the weight-gradient set without its two largest shapes (racecheck runs each
 # launch ~100x slower).
 DIRECTIONS = sys.argv[1:] or ["fwd", "bwd", "dft", "tiles", "gemm", "gauss", "wgrad", "mlp"]
@@ -176,22 +176,13 @@ for dtype, shapes in GAUSS_CASES if "gauss" in DIRECTIONS else ():
         tol = 5e-3 if dtype == torch.float32 else TOL[dtype]
         assert rel_err(y, fp64_forward(x, planes, b)) < tol, ("gauss", dtype, M, c, d)
 torch.backends.cuda.matmul.allow_tf32 = False
-# The Hopper kernel's GELU epilogues (fp16 / bf16; clusters of two at h = 512 and in the second layer's
-# grad_x at c = 512), ragged M and h: GELU in the first layer's, GELU' in the second's grad_x.
+# GELU in the Hopper kernel's epilogue (fp16 / bf16; clusters of two at h = 512), ragged M and h.
 for dtype in (torch.float16, torch.bfloat16) if "mlp" in DIRECTIONS else ():
-    for M, c, h in [(129, 48, 136), (1000, 48, 512), (257, 64, 66), (300, 512, 48)]:
+    for M, c, h in [(129, 48, 136), (1000, 48, 512), (257, 64, 66)]:
         x, w1, b1 = layer(M, c, h, dtype)
-        _, w2, _ = layer(M, h, c, dtype)
         a = torch.ops.flash_eqlinear.eq_linear_fwd_gelu(x, w1, b1)
-        pre = fp64_forward(x, w1, b1)
-        assert rel_err(a, torch.nn.functional.gelu(pre)) < TOL[dtype], ("gelu", dtype, M, c, h)
-        pre = pre.to(dtype)
-        gy = torch.randn(M, 4 * c, device="cuda", dtype=dtype)
-        g = torch.ops.flash_eqlinear.eq_linear_bwd(gy, a, w2, True, False, False, False, pre)[0]
-        only_x = (True, False, False)
-        ga = reference.fourier_eq_linear_backward(gy.double(), a.double(), w2.double(), only_x)[0]
-        want = torch.ops.aten.gelu_backward(ga, pre.double())
-        assert rel_err(g, want) < TOL[dtype], ("gelu grad", dtype, M, c, h)
+        want = torch.nn.functional.gelu(fp64_forward(x, w1, b1))
+        assert rel_err(a, want) < TOL[dtype], ("gelu", dtype, M, c, h)
 # Group DFT alone (its shared-memory column-sum reduction; each channels-per-thread width).
 for dtype in (torch.float32, torch.float16, torch.bfloat16) if "dft" in DIRECTIONS else ():
     for M, n in [(1, 1), (129, 59), (33, 6), (4097, 64), (3001, 300), (20000, 2), (5000, 48)]:

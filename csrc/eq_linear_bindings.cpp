@@ -264,17 +264,15 @@ bool hopper_takes_products(const at::Tensor& t, int64_t cd) {
 // fp16 / bf16 (M, 4k) through the sm_90a forward kernel with planes (4, n, k) (n output channels), if
 // it runs for these tensors; else nothing is launched and false is returned. With xf (M, 4k), the kernel
 // also writes x's Fourier planes [f0 | f2 | fR | fI] * xf_scale there, and with xf_sums
-// (eq_linear_fwd_sm90_sum_rows(M), k) FP32 partial column sums of f0 (FwdParams). Without xf, one of the
-// GELU epilogues: with gelu, y = GELU(the product); with gelu_grad (M, 4n) contiguous, y = the product
-// times GELU'(gelu_grad).
+// (eq_linear_fwd_sm90_sum_rows(M), k) FP32 partial column sums of f0 (FwdParams); with gelu (and no xf),
+// y = GELU(the product).
 bool fwd_sm90_16bit(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
                     const at::Tensor& xf = at::Tensor(), float xf_scale = 1.f, const at::Tensor& xf_sums = at::Tensor(),
-                    bool gelu = false, const at::Tensor& gelu_grad = at::Tensor()) {
+                    bool gelu = false) {
   const int64_t M = x.size(0), n = planes.size(1), k = planes.size(2);
   if (M == 0) return true;
   FwdParams p{x.data_ptr(), planes.data_ptr(), bias.defined() ? bias.data_ptr() : nullptr, y.data_ptr(), M, k, n};
   p.gelu = gelu;
-  if (gelu_grad.defined()) p.gelu_grad = gelu_grad.data_ptr();
   if (xf.defined()) {
     p.xf = xf.data_ptr();
     p.xf_scale = xf_scale;
@@ -438,39 +436,23 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
   return y;
 }
 
-// Whether a GELU epilogue may run for x (M, 4k) and planes (4, n, k): where eq_linear_fwd itself would try
-// the Hopper kernel (fp16 / bf16 on a Hopper device, not a narrow layer, the GEMM form not forced), so that
-// the fused and the unfused calls compute the product with the same kernel.
-bool hopper_may_fuse_gelu(const at::Tensor& x, int64_t k, int64_t n) {
-  if (x.scalar_type() == at::kFloat || products_form() == ProductsForm::kGemm || !hopper_kernels_may_run(x))
-    return false;
-  const FwdParams p{x.data_ptr(), nullptr, nullptr, nullptr, x.size(0), k, n};
-  return !eq_linear_fwd_narrow_applies(p, static_cast<int>(x.element_size()), false);
-}
-
 // GELU(eq_linear_fwd(x, planes, bias)) (exact erf form, of the output rounded to its dtype): an MLP's first
-// layer in inference. Where hopper_may_fuse_gelu, the Hopper kernel with GELU in its epilogue (one pass);
-// elsewhere eq_linear_fwd, then at::gelu.
+// layer in inference. fp16 / bf16 on Hopper, where eq_linear_fwd itself would try the Hopper kernel (not a
+// narrow layer, the GEMM form not forced): that kernel with GELU in its epilogue, one pass; elsewhere
+// eq_linear_fwd, then at::gelu.
 at::Tensor eq_linear_fwd_gelu(const at::Tensor& x, const at::Tensor& planes, const std::optional<at::Tensor>& bias) {
   const at::Tensor b = checked_fwd_args(x, planes, bias, "eq_linear_fwd_gelu");
   const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
   const at::cuda::CUDAGuard guard(x.device());
-  if (hopper_may_fuse_gelu(x, c, d)) {
+  if (x.scalar_type() != at::kFloat && products_form() != ProductsForm::kGemm && hopper_kernels_may_run(x)) {
+    const at::Tensor xc = x.contiguous();
     at::Tensor y = at::empty({M, 4 * d}, x.options());
-    if (fwd_sm90_16bit(x.contiguous(), planes.contiguous(), b, y, at::Tensor(), 1.f, at::Tensor(), true)) return y;
+    const FwdParams p{xc.data_ptr(), nullptr, nullptr, y.data_ptr(), M, c, d};
+    if (!eq_linear_fwd_narrow_applies(p, static_cast<int>(x.element_size()), false) &&
+        fwd_sm90_16bit(xc, planes.contiguous(), b, y, at::Tensor(), 1.f, at::Tensor(), true))
+      return y;
   }
   return at::gelu(eq_linear_fwd(x, planes, bias));
-}
-
-// An MLP's second layer in training, on a = GELU(pre) (a as at::gelu(pre) returns it): eq_linear_fwd(a,
-// planes, bias). pre is for the backward: grad_x then carries GELU'(pre) (eq_linear_bwd's gelu_pre).
-at::Tensor eq_linear_fwd_gelu_in(const at::Tensor& a, const at::Tensor& pre, const at::Tensor& planes,
-                                 const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(pre.sizes() == a.sizes() && pre.scalar_type() == a.scalar_type() && pre.device() == a.device(),
-              "eq_linear_fwd_gelu_in: pre must match a (", shape(a.sizes()), ", ", c10::toString(a.scalar_type()),
-              ", ", a.device().str(), "), got ", shape(pre.sizes()), ", ", c10::toString(pre.scalar_type()), ", ",
-              pre.device().str());
-  return eq_linear_fwd(a, planes, bias);
 }
 
 // The training forward of the GEMM form: y as eq_linear_fwd's GEMM form computes it (fp16 / bf16, or
@@ -564,11 +546,9 @@ std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool inp
 // for fp16 / bf16 as products_form says. Returns (grad_x, false), or (an empty tensor, true) when grad_x
 // is left to the GEMM form (bwd_from_planes). With gf and the Hopper kernel, that kernel also writes
 // grad_y's planes [g0 | g2 | gR | gI] (M, 4d) into *gf and g0's partial column sums in FP32 into *g0_sums
-// (else both stay undefined). With gelu_pre (M, 4c) contiguous, *gelu_done tells whether the kernel has
-// multiplied grad_x by GELU'(gelu_pre) (the Hopper kernel's epilogue, outside the GEMM-form cases).
+// (else both stay undefined).
 std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor& planes, bool gemm_ok,
-                                         at::Tensor* gf, at::Tensor* g0_sums, const at::Tensor& gelu_pre,
-                                         bool* gelu_done) {
+                                         at::Tensor* gf = nullptr, at::Tensor* g0_sums = nullptr) {
   const bool may_gemm = gemm_ok && gy.scalar_type() != at::kFloat && products_form() != ProductsForm::kFused;
   const int64_t M = gy.size(0), c = planes.size(2), d = planes.size(1);
   // (No Hopper kernel to try on other devices or with FLASH_EQLINEAR_SM90=0: no adjoint copy.)
@@ -582,14 +562,7 @@ std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor&
                                               static_cast<int>(pc.element_size()), at::cuda::getCurrentCUDAStream());
     TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: adjoint planes failed: ", cudaGetErrorString(err));
   }
-  if (!may_gemm) {
-    if (gelu_pre.defined() && hopper_may_fuse_gelu(gy, d, c)) {
-      at::Tensor gx = at::empty({M, 4 * c}, gy.options());
-      *gelu_done = fwd_sm90_16bit(gy, adj, at::Tensor(), gx, at::Tensor(), 1.f, at::Tensor(), false, gelu_pre);
-      if (*gelu_done) return {gx, false};
-    }
-    return {eq_linear_fwd(gy, adj, std::nullopt), false};
-  }
+  if (!may_gemm) return {eq_linear_fwd(gy, adj, std::nullopt), false};
   at::Tensor gx = at::empty({M, 4 * c}, gy.options());
   const bool write = gf != nullptr && M > 0;
   const at::Tensor planes_out = write ? at::empty_like(gy, at::MemoryFormat::Contiguous) : at::Tensor();
@@ -685,33 +658,25 @@ void check_bwd_args(const at::Tensor& grad_y, const at::Tensor& t, const at::Ten
               c10::toString(dtype), ", ", c10::toString(t.scalar_type()), ", ", c10::toString(planes.scalar_type()));
 }
 
-// The backward ops' shared body: t is x, or with kept x's planes from eq_linear_fwd_xf (then gemm). With
-// gelu_pre (M, 4c) defined, the layer's input was GELU(gelu_pre), and grad_x is returned times
-// GELU'(gelu_pre): the gradient with respect to gelu_pre (in grad_x's Hopper kernel where it runs, else
-// at::gelu_backward).
+// The backward ops' shared body: t is x, or with kept x's planes from eq_linear_fwd_xf (then gemm).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& grad_y, const at::Tensor& t,
                                                    const at::Tensor& planes, bool needs_x, bool needs_p, bool needs_b,
-                                                   bool gemm, bool kept, const at::Tensor& gelu_pre = at::Tensor()) {
+                                                   bool gemm, bool kept) {
   const int64_t d = planes.size(1);
   const at::cuda::CUDAGuard guard(grad_y.device());
   const at::Tensor gy = grad_y.contiguous();
   const auto none = [&] { return at::empty({0}, gy.options()); };
   at::Tensor gx = none(), gp = none(), gb = none();
-  bool gx_gemm = false, gelu_done = false;
+  bool gx_gemm = false;
   at::Tensor gf, g0_sums;  // grad_y's planes, if grad_x's kernel writes them for the GEMM-form weight gradient
-  if (needs_x)
-    std::tie(gx, gx_gemm) =
-        grad_x_fused(gy, planes, gemm, gemm && needs_p ? &gf : nullptr, &g0_sums, gelu_pre, &gelu_done);
-  if (!gemm && (needs_p || needs_b)) {
+  if (needs_x) std::tie(gx, gx_gemm) = grad_x_fused(gy, planes, gemm, gemm && needs_p ? &gf : nullptr, &g0_sums);
+  if (!needs_p && !needs_b && !gx_gemm) return {gx, gp, gb};
+  if (!gemm) {
     auto [p, b] = eq_linear_bwd_weight(t, gy);
-    if (needs_p) gp = p;
-    if (needs_b) gb = b;
-  } else if (gemm && !needs_p && !gx_gemm && needs_b) {
-    gb = gy.sum(0, false, at::kFloat).view({d, 4}).sum(1).to(gy.scalar_type());
-  } else if (gemm && (needs_p || gx_gemm)) {
-    bwd_from_planes(gy, gf, g0_sums, t, kept, planes, gx_gemm, needs_p, needs_b, gx, gp, gb);
+    return {gx, needs_p ? p : gp, needs_b ? b : gb};
   }
-  if (needs_x && gelu_pre.defined() && !gelu_done) gx = at::gelu_backward(gx, gelu_pre);
+  if (!needs_p && !gx_gemm) return {gx, gp, gy.sum(0, false, at::kFloat).view({d, 4}).sum(1).to(gy.scalar_type())};
+  bwd_from_planes(gy, gf, g0_sums, t, kept, planes, gx_gemm, needs_p, needs_b, gx, gp, gb);
   return {gx, gp, gb};
 }
 
@@ -724,18 +689,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& grad_y, con
 // GEMM-form grad_x an (M, 4c) FP32 buffer of plane products.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& grad_y, const at::Tensor& x,
                                                              const at::Tensor& planes, bool needs_x, bool needs_p,
-                                                             bool needs_b, bool gemm,
-                                                             const std::optional<at::Tensor>& gelu_pre) {
+                                                             bool needs_b, bool gemm) {
   check_bwd_args(grad_y, x, planes, "eq_linear_bwd", "x");
-  at::Tensor h;
-  if (gelu_pre.has_value()) {
-    h = gelu_pre->contiguous();
-    TORCH_CHECK(h.sizes() == x.sizes() && h.scalar_type() == x.scalar_type() && h.device() == x.device(),
-                "eq_linear_bwd: gelu_pre must have x's shape ", shape(x.sizes()), ", dtype ",
-                c10::toString(x.scalar_type()), " and device ", x.device().str(), ", got ", shape(h.sizes()), ", ",
-                c10::toString(h.scalar_type()), ", ", h.device().str());
-  }
-  return bwd(grad_y, x, planes, needs_x, needs_p, needs_b, gemm, false, h);
+  return bwd(grad_y, x, planes, needs_x, needs_p, needs_b, gemm, false);
 }
 
 // The backward of eq_linear_fwd_xf: eq_linear_bwd's GEMM form with x's planes xf (M, 4c) = [f0 | f2 | fR
@@ -754,12 +710,11 @@ TORCH_LIBRARY(flash_eqlinear, m) {
   m.def("eq_linear_bwd_weight(Tensor x, Tensor grad_y) -> (Tensor, Tensor)");
   m.def("eq_group_dft(Tensor t, bool input, bool sum) -> (Tensor, Tensor)");
   m.def("eq_linear_bwd(Tensor grad_y, Tensor x, Tensor planes, bool needs_x, bool needs_p, bool needs_b, "
-        "bool gemm, Tensor? gelu_pre=None) -> (Tensor, Tensor, Tensor)");
+        "bool gemm) -> (Tensor, Tensor, Tensor)");
   m.def("eq_linear_fwd_xf(Tensor x, Tensor planes, Tensor? bias) -> (Tensor, Tensor)");
   m.def("eq_linear_bwd_xf(Tensor grad_y, Tensor xf, Tensor planes, bool needs_x, bool needs_p, bool needs_b) "
         "-> (Tensor, Tensor, Tensor)");
   m.def("eq_linear_fwd_gelu(Tensor x, Tensor planes, Tensor? bias) -> Tensor");
-  m.def("eq_linear_fwd_gelu_in(Tensor a, Tensor pre, Tensor planes, Tensor? bias) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
@@ -770,7 +725,6 @@ TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
   m.impl("eq_linear_fwd_xf", &eq_linear_fwd_xf);
   m.impl("eq_linear_bwd_xf", &eq_linear_bwd_xf);
   m.impl("eq_linear_fwd_gelu", &eq_linear_fwd_gelu);
-  m.impl("eq_linear_fwd_gelu_in", &eq_linear_fwd_gelu_in);
 }
 
 }  // namespace flash_eqlinear

@@ -40,13 +40,9 @@ struct FwdParams {
   // grad_y's planes, without the planes' rounding).
   float* xf_sums = nullptr;
   // Optional, the fp16 / bf16 Hopper kernel only (the portable launchers return cudaErrorNotSupported
-  // when either is set), not both:
-  //   gelu:      y = GELU(result), GELU(v) = v Phi(v) (the exact, erf form) of the result rounded to
-  //              y's dtype, as GELU applied to the stored result computes it;
-  //   gelu_grad: (M, d, 4) like y, 16-byte aligned: y = result * GELU'(gelu_grad), rounded once (grad_x
-  //              of a layer whose input was GELU(gelu_grad)).
+  // when set): y = GELU(result), GELU(v) = v Phi(v) (the exact, erf form) of the result rounded to y's
+  // dtype, as GELU applied to the stored result computes it.
   bool gelu = false;
-  const void* gelu_grad = nullptr;
 };
 
 // One launch; returns the launch error (cudaSuccess when nothing went wrong). M == 0 is a no-op.

@@ -44,14 +44,12 @@
 // buffer) measured no faster.
 //
 // Epilogue: the inverse transform + bias in FP32 registers, one 16-byte store per (row, o pair) of
-// the interleaved (M, d, 4) output. Two variants for an MLP (fp16 / bf16, kEpi), each saving an
-// elementwise pass over its hidden activation:
-// - kEpiGelu (FwdParams::gelu, the first layer in inference): stores GELU of the output;
-// - kEpiGeluGrad (FwdParams::gelu_grad, grad_x of the second layer in training): stores the output
-//   times GELU'(h), h read at the same positions (prefetched into L2 when the tile starts, loaded
-//   into registers one n8 block ahead of the math).
-// (The first layer's training forward with GELU and the pre-activation both stored measured slower
-// than the separate pass, with h loaded inside the store loop: benchmarks/README.md, v19.)
+// the interleaved (M, d, 4) output. The kGelu variants (fp16 / bf16, FwdParams::gelu: the first layer
+// of an MLP in inference) store GELU of it instead, saving a pass over the hidden activation. For
+// training, GELU with the pre-activation also stored, and GELU' in the second layer's grad_x epilogue
+// (h prefetched into L2, loaded one n8 block ahead), both measured slower than the separate passes at
+// ViT-B / -L sizes: erf's ~40 instructions per element lengthen the epilogue, which sets the pace at
+// short K (benchmarks/README.md, v19).
 //
 // Optional by-product (fp16 / bf16, FwdParams::xf): x's Fourier planes as column blocks (M, 4c), for a
 // backward that would otherwise make them in a pass of its own. Warps 1-3 of the producer warpgroup
@@ -114,7 +112,6 @@ struct Sm90Params {
   void* xf;          // (M, 4c) or nullptr: FwdParams::xf
   float* xf_sums;    // (3 num_m, c) or nullptr: FwdParams::xf_sums
   float xf_scale;
-  const void* gelu_grad;  // FwdParams::gelu_grad (the kEpiGeluGrad variant)
   int64_t M;
   int c, d, k_tiles, num_m, num_n;
   int group_m;  // m tiles per group of the walk (see tile_origin)
@@ -159,9 +156,6 @@ __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t
   FI = to_tf32(fi);
 }
 
-// The epilogue variants (header).
-constexpr int kEpiPlain = 0, kEpiGelu = 1, kEpiGeluGrad = 2;
-
 // GELU, exact (erf) form, of a packed pair of 16-bit values (the rounded pre-activation), in FP32,
 // rounded again: what GELU applied to the stored layer output computes. GELU(v) = v Phi(v).
 template <class T>
@@ -171,19 +165,9 @@ __device__ __forceinline__ uint32_t gelu_pair(uint32_t u) {
   return Elem<T>::pack(gelu(v.x), gelu(v.y));
 }
 
-// (g0, g1) GELU'(the packed pair h) in FP32, rounded once. GELU'(v) = Phi(v) + v phi(v).
-template <class T>
-__device__ __forceinline__ uint32_t times_gelu_grad(float g0, float g1, uint32_t h) {
-  const float2 v = Elem<T>::unpack(h);
-  const auto grad = [](float w) {
-    return 0.5f * (1.f + erff(w * 0.70710678118654752f)) + w * 0.39894228040143268f * __expf(-0.5f * w * w);
-  };
-  return Elem<T>::pack(g0 * grad(v.x), g1 * grad(v.y));
-}
-
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
-// kEpi: the epilogue variant (header).
-template <class T, int kCl, int kEpi>
+// kGelu: the epilogue stores GELU of the output (FwdParams::gelu).
+template <class T, int kCl, bool kGelu>
 __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
                                         int num_tiles) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -218,17 +202,6 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
     for (int j = 0; j < 8; ++j) {
       const int o = n0 + 8 * j + 2 * t;
       bias2[j] = (bias != nullptr && o < p.d) ? __ldg(reinterpret_cast<const BiasPair*>(bias + o)) : BiasPair{};
-    }
-    // GELU'(h)'s h at the epilogue's positions: into L2 now, behind the main loop.
-    const T* const gelu_h = static_cast<const T*>(p.gelu_grad);
-    const auto h_at = [&](int j, int r8) { return gelu_h + ((m0 + row + 8 * r8) * int64_t{p.d} + n0 + 8 * j + 2 * t) * 4; };
-    const auto h_inside = [&](int j, int r8) { return n0 + 8 * j + 2 * t < p.d && m0 + row + 8 * r8 < p.M; };
-    if constexpr (kEpi == kEpiGeluGrad) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int r8 = 0; r8 < 2; ++r8)
-          if (h_inside(j, r8)) asm volatile("prefetch.global.L2 [%0];" ::"l"(h_at(j, r8)));
     }
     float acc[4][8][4];  // sets: 0 = a0, 1 = a2, 2 = aR, 3 = aI; [n8 block][C fragment]
     zero_acc(acc);
@@ -285,18 +258,8 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
     if (lane == 0) release((it - 1) % kStages);  // the tile's last stage
 
     // ---- epilogue ----
-    // kEpiGeluGrad: h of n8 block j (rows r8 = 0, 1) in h[j & 1], block j + 1's loaded while j's math runs
-    uint4 h[2][2];
-    const auto load_h = [&](int j) {
-#pragma unroll
-      for (int r8 = 0; r8 < 2; ++r8)
-        h[j & 1][r8] = h_inside(j, r8) ? __ldg(reinterpret_cast<const uint4*>(h_at(j, r8))) : uint4{};
-    };
-    if constexpr (kEpi == kEpiGeluGrad) load_h(0);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      if constexpr (kEpi == kEpiGeluGrad)
-        if (j < 7) load_h(j + 1);
       const int o = n0 + 8 * j + 2 * t;
       if (o >= p.d) continue;  // d even: o + 1 < d too
       float2 bo2;
@@ -314,18 +277,10 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const int e = 2 * r8 + i;
-            if constexpr (kEpi == kEpiGeluGrad) {
-              const float4 r = inverse_dft4_f32<Elem<T>::kHalve>(acc[0][j][e], acc[1][j][e], acc[2][j][e],
-                                                                 acc[3][j][e], bo[i]);
-              const uint32_t* hv = &h[j & 1][r8].x + 2 * i;
-              out[i][0] = times_gelu_grad<T>(r.x, r.y, hv[0]);
-              out[i][1] = times_gelu_grad<T>(r.z, r.w, hv[1]);
-            } else {
-              inverse_dft4<T>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i], out[i][0], out[i][1]);
-              if constexpr (kEpi == kEpiGelu) {
-                out[i][0] = gelu_pair<T>(out[i][0]);
-                out[i][1] = gelu_pair<T>(out[i][1]);
-              }
+            inverse_dft4<T>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i], out[i][0], out[i][1]);
+            if constexpr (kGelu) {
+              out[i][0] = gelu_pair<T>(out[i][0]);
+              out[i][1] = gelu_pair<T>(out[i][1]);
             }
           }
           *reinterpret_cast<uint4*>(y + (m * p.d + o) * 4) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
@@ -402,8 +357,8 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uin
 // kCl = 2 (plain variant only): clusters of two CTAs on the same m tile and adjacent n tiles. Each
 // producer loads one of a stage's two x sub-tiles and multicasts it to both CTAs, so x is read from
 // L2 once per pair; each releases a stage only when the consumers of both CTAs have read it.
-// kEpi (plain variant, fp16 / bf16): the epilogue variant (header).
-template <class T, bool kXf, int kCl = 1, int kEpi = kEpiPlain>
+// kGelu (plain variant, fp16 / bf16): the epilogue stores GELU of the output.
+template <class T, bool kXf, int kCl = 1, bool kGelu = false>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
                           const Sm90Params p) {
@@ -414,7 +369,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
   const uint32_t xfull = empty_bar + 8 * kStages, xempty = xfull + 8, xbuf = base + kXfBufOffset;  // kXf only
   const int num_tiles = p.num_m * p.num_ng;  // steps of the walk (one per cluster)
   static_assert(kCl == 1 || (kCl == 2 && !kXf), "clusters of two, plain variant only");
-  static_assert(kEpi == kEpiPlain || (!kXf && sizeof(T) == 2), "the GELU epilogues: fp16 / bf16, plain variant");
+  static_assert(!kGelu || (!kXf && sizeof(T) == 2), "the GELU epilogue: fp16 / bf16, plain variant");
   const int rank = kCl == 1 ? 0 : static_cast<int>(cluster_ctarank());
 
   constexpr bool writes_xf = kXf && sizeof(T) == 2;
@@ -472,7 +427,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     }
   } else {
     setmaxnreg_inc<kXf ? 224 : 240>();
-    consume<T, kCl, kEpi>(p, base, full_bar, empty_bar, num_tiles);
+    consume<T, kCl, kGelu>(p, base, full_bar, empty_bar, num_tiles);
     // No CTA exits while its partner may still write to it or arrive on its barriers: every multicast
     // into a CTA and every remote arrival precedes its partner's consumers' last wait or arrival.
     // (The cluster barrier waits for the threads that have not exited: the producer warps need not
@@ -514,8 +469,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   if (!sm90_path_enabled() || p.M <= 0 || p.M > 0x7fffffff - kBM || (p.c * kE) % 16 != 0 || p.d % 2 != 0 ||
       p.c > 0x3fffffff / 4 || p.d > 0x7fffffff - kBN || !aligned16(p.x) || !aligned16(p.planes) || !aligned16(p.y) ||
       reinterpret_cast<uintptr_t>(p.bias) % (2 * kE) != 0 || (p.xf != nullptr && (kE == 4 || !aligned16(p.xf))) ||
-      ((p.gelu || p.gelu_grad != nullptr) && (kE == 4 || p.xf != nullptr || !aligned16(p.gelu_grad))) ||
-      (p.gelu && p.gelu_grad != nullptr))
+      (p.gelu && (kE == 4 || p.xf != nullptr)))
     return cudaSuccess;
   int dev = 0, major = 0, smem_optin = 0, num_sms = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -546,7 +500,6 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.xf = p.xf;
   kp.xf_sums = p.xf_sums;
   kp.xf_scale = p.xf_scale;
-  kp.gelu_grad = p.gelu_grad;
   kp.M = p.M;
   kp.c = static_cast<int>(p.c);
   kp.d = static_cast<int>(p.d);
@@ -558,16 +511,10 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   // (c = d = 2048: 5-6% faster than groups of 8, benchmarks/README.md v12). Larger planes are streamed
   // once per group: groups of 8 m tiles read them a quarter as often.
   kp.group_m = 4 * kE * p.c * p.d <= (int64_t{32} << 20) ? 2 : 8;
-  // The epilogue variant (instantiated for fp16 / bf16 only: T = float never asks, refused above).
+  // (kGelu instantiated for fp16 / bf16 only: T = float never takes it, p.gelu is refused above.)
   constexpr bool k16 = sizeof(T) == 2;
-  const int epi = p.gelu ? kEpiGelu : p.gelu_grad != nullptr ? kEpiGeluGrad : kEpiPlain;
-  const auto variant = [&](auto plain, auto gelu, auto gelu_grad) {
-    return epi == kEpiGelu ? gelu : epi == kEpiGeluGrad ? gelu_grad : plain;
-  };
   if (p.xf == nullptr && num_n > 1 && sm90_clusters(num_n, kE)) {  // clusters of two sharing x (the kernel, kCl)
-    auto kernel = variant(eq_linear_fwd_sm90_kernel<T, false, 2>,
-                          eq_linear_fwd_sm90_kernel<T, false, 2, k16 ? kEpiGelu : kEpiPlain>,
-                          eq_linear_fwd_sm90_kernel<T, false, 2, k16 ? kEpiGeluGrad : kEpiPlain>);
+    auto kernel = p.gelu ? eq_linear_fwd_sm90_kernel<T, false, 2, k16> : eq_linear_fwd_sm90_kernel<T, false, 2>;
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     kp.num_ng = static_cast<int>((num_n + 1) / 2);
@@ -604,9 +551,8 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   }
   kp.num_ng = kp.num_n;
   auto kernel = p.xf != nullptr ? eq_linear_fwd_sm90_kernel<T, true>
-                                : variant(eq_linear_fwd_sm90_kernel<T, false>,
-                                          eq_linear_fwd_sm90_kernel<T, false, 1, k16 ? kEpiGelu : kEpiPlain>,
-                                          eq_linear_fwd_sm90_kernel<T, false, 1, k16 ? kEpiGeluGrad : kEpiPlain>);
+                : p.gelu        ? eq_linear_fwd_sm90_kernel<T, false, 1, k16>
+                                : eq_linear_fwd_sm90_kernel<T, false>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_m * num_n, num_sms));

@@ -173,7 +173,7 @@ if kernels_available():
         return "gemm" if c * d >= min_cd else "fused"
 
     @torch.library.register_fake("flash_eqlinear::eq_linear_bwd")
-    def _eq_linear_bwd_fake(grad_y, x, planes, needs_x, needs_p, needs_b, gemm, gelu_pre=None):
+    def _eq_linear_bwd_fake(grad_y, x, planes, needs_x, needs_p, needs_b, gemm):
         d, c = planes.shape[1], planes.shape[2]
         torch._check(
             x.dim() == 2
@@ -199,42 +199,36 @@ if kernels_available():
         ctx.has_bias = bias is not None
         ctx.save_for_backward(x, planes)
 
-    def _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b, gelu_pre=None):
+    def _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b):
         """create_graph=True (double backward, gradient penalties, Hessian-vector products): gradients
         that are themselves differentiable. grad_x through the forward op on the adjoint planes (its
-        own backward is registered), times GELU'(gelu_pre) if given, the weight gradients by stock ops
-        in x's dtype, returned in the planes' dtype."""
+        own backward is registered), the weight gradients by stock ops in x's dtype, returned in the
+        planes' dtype."""
         gx = None
         if needs_x:
             adj = reference.adjoint_planes(planes).contiguous()
             gx = torch.ops.flash_eqlinear.eq_linear_fwd(grad_y.contiguous(), adj, None)
-            if gelu_pre is not None:
-                gx = torch.ops.aten.gelu_backward(gx, gelu_pre)
         _, gp, gb = reference.fourier_eq_linear_backward(
             grad_y.to(x.dtype), x, planes.to(x.dtype), (False, needs_p, needs_b)
         )
         return gx, *(None if t is None else t.to(planes.dtype) for t in (gp, gb))
 
-    def _grads(grad_y, x, planes, needs_x, needs_p, needs_b, gelu_pre=None):
-        """(grad_x, grad_planes, grad_bias) of eq_linear_fwd(x, planes, bias), None where not needed; with
-        gelu_pre, x = GELU(gelu_pre) and the first is the gradient with respect to gelu_pre."""
+    def _backward(ctx, grad_y):
+        x, planes = ctx.saved_tensors[:2]
+        needs_x, needs_p = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        needs_b = ctx.has_bias and ctx.needs_input_grad[2]
         if torch.is_grad_enabled():
-            return _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b, gelu_pre)
+            return _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b)
         mode = weight_grad_mode(planes.shape[2], planes.shape[1], x.dtype, x.device.index)
         ref = mode == "reference" and (needs_p or needs_b)
         # One op for the rest (grad_x: the forward kernel on the adjoint planes; the weight: the fused
         # kernel or group DFTs + GEMMs): the host cost of a backward is one call, not a dozen.
         gx, gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd(
-            grad_y, x, planes, needs_x, needs_p and not ref, needs_b and not ref, mode == "gemm", gelu_pre
+            grad_y, x, planes, needs_x, needs_p and not ref, needs_b and not ref, mode == "gemm"
         )
         if ref:
             _, gp, gb = reference.fourier_eq_linear_backward(grad_y, x, planes, (False, needs_p, needs_b))
         return gx if needs_x else None, gp if needs_p else None, gb if needs_b else None
-
-    def _backward(ctx, grad_y):
-        x, planes = ctx.saved_tensors[:2]
-        needs_b = ctx.has_bias and ctx.needs_input_grad[2]
-        return _grads(grad_y, x, planes, ctx.needs_input_grad[0], ctx.needs_input_grad[1], needs_b)
 
     torch.library.register_autograd("flash_eqlinear::eq_linear_fwd", _backward, setup_context=_setup_context)
 
@@ -257,34 +251,6 @@ if kernels_available():
 
     torch.library.register_autograd(
         "flash_eqlinear::eq_linear_fwd_gelu", _backward_gelu, setup_context=_setup_context_gelu
-    )
-
-    # ---- An MLP's second layer on GELU(pre) (flash_eq_mlp's training path) ----
-    @torch.library.register_fake("flash_eqlinear::eq_linear_fwd_gelu_in")
-    def _eq_linear_fwd_gelu_in_fake(a, pre, planes, bias):
-        torch._check(
-            pre.shape == a.shape and pre.dtype == a.dtype,
-            lambda: f"eq_linear_fwd_gelu_in: pre must match a {tuple(a.shape)}, got {tuple(pre.shape)}",
-        )
-        return _eq_linear_fwd_fake(a, planes, bias)
-
-    def _setup_context_gelu_in(ctx, inputs, output):
-        a, pre, planes, bias = inputs
-        ctx.has_bias = bias is not None
-        ctx.save_for_backward(a, pre, planes)
-
-    def _backward_gelu_in(ctx, grad_y):
-        # y = layer(a) with a = GELU(pre): the input's gradient goes to pre, GELU' applied (in grad_x's
-        # kernel where it can be), none to a.
-        a, pre, planes = ctx.saved_tensors
-        needs_b = ctx.has_bias and ctx.needs_input_grad[3]
-        gpre, gp, gb = _grads(
-            grad_y, a, planes, ctx.needs_input_grad[1], ctx.needs_input_grad[2], needs_b, pre
-        )
-        return None, gpre, gp, gb
-
-    torch.library.register_autograd(
-        "flash_eqlinear::eq_linear_fwd_gelu_in", _backward_gelu_in, setup_context=_setup_context_gelu_in
     )
 
     # ---- The training forward that keeps x's Fourier planes (eq_linear_fwd_xf) ----
@@ -404,12 +370,10 @@ def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torc
     x (..., c*T); weight1: planes (T, h, c), bias1 (h,) or None; weight2: planes (T, d, h), bias2 (d,) or
     None -> (..., d*T). GELU is the exact (erf) form, ``nn.GELU()``. Same function as the three calls. Where
     no gradient is needed (inference), for T = 4 on CUDA the first layer's kernel applies GELU in its
-    epilogue, and in training the second layer's grad_x kernel applies GELU's derivative (fp16 / bf16 on
-    Hopper GPUs; elsewhere these run as their own passes): one elementwise pass over the hidden
-    activation instead of two in training, none in inference. Training keeps the pre-activation and
-    GELU's output, as the three calls do. Layers whose training forward keeps x's Fourier planes
-    (``flash_eq_linear``) run as the three calls, as does everything with ``FLASH_EQLINEAR_FUSED_MLP=0``.
-    Under ``torch.autocast`` it casts like ``nn.Linear``.
+    epilogue (fp16 / bf16 on Hopper GPUs; elsewhere GELU runs as its own pass): no pass over the hidden
+    activation remains. In training it runs the three calls (fusing GELU there measured slower).
+    ``FLASH_EQLINEAR_FUSED_MLP=0`` runs the three calls always. Under ``torch.autocast`` it casts like
+    ``nn.Linear``.
     """
     x, weight1, bias1 = autocast_inputs(x, weight1, bias1)
     _, weight2, bias2 = autocast_inputs(x, weight2, bias2)
@@ -419,28 +383,18 @@ def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torc
         raise ValueError(
             f"weight2 must have shape (T, d, h) = ({T}, d, {h}) (weight1 is (T, h, c)), got {got}"
         )
-    d = weight2.shape[1]
     params = (x, weight1, bias1, weight2, bias2)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
     fused = os.environ.get("FLASH_EQLINEAR_FUSED_MLP", "1").strip() != "0"
-    if fused and needs_grad and backend_for(x, T) == "cuda":
-        dev = x.device.index
-        keeps_planes = _gemm_training_forward(x.dtype, c, h, dev) or _gemm_training_forward(
-            x.dtype, h, d, dev
-        )
-        fused = not keeps_planes
-    if not fused or backend_for(x, T) != "cuda":
+    if needs_grad or not fused or backend_for(x, T) != "cuda":
         hidden = torch.nn.functional.gelu(flash_eq_linear(x, weight1, bias1, T))
         return flash_eq_linear(hidden, weight2, bias2, T)
     reference.check_inputs(x.new_empty((0, h * T)), weight2, bias2, T, "planes")  # layer 2's dtype, device
-    ops = torch.ops.flash_eqlinear
-    x2, w1, w2 = x.reshape(-1, c * T).contiguous(), weight1.contiguous(), weight2.contiguous()
-    if needs_grad:
-        pre = ops.eq_linear_fwd(x2, w1, bias1)
-        y = ops.eq_linear_fwd_gelu_in(torch.nn.functional.gelu(pre), pre, w2, bias2)
-    else:
-        y = ops.eq_linear_fwd(ops.eq_linear_fwd_gelu(x2, w1, bias1), w2, bias2)
-    return y.reshape(*x.shape[:-1], d * T)
+    hidden = torch.ops.flash_eqlinear.eq_linear_fwd_gelu(
+        x.reshape(-1, c * T).contiguous(), weight1.contiguous(), bias1
+    )
+    y = torch.ops.flash_eqlinear.eq_linear_fwd(hidden, weight2.contiguous(), bias2)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 def flash_eq_linear(x, weight, bias=None, group_size: int = 4) -> torch.Tensor:
