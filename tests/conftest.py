@@ -1,4 +1,4 @@
-"""Shared helpers for the CPU test suite.
+"""Shared helpers for the test suite.
 
 ``RefEQLinear`` is written the way existing reference-style EQ-Linear layers are: a
 Parameter ``weights`` (d, 1, c, T), a bias Parameter ``c`` (d, 1) and an attribute ``tranNum``;
@@ -27,6 +27,16 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     if den == 0.0:
         return num
     return num / den
+
+
+def require_cuda_kernels() -> None:
+    """Skips the calling test module, with the reason, where there is no CUDA GPU or no built extension."""
+    import flash_eqlinear as fe
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU: fused-kernel tests skipped", allow_module_level=True)
+    if not fe.kernels_available():
+        pytest.skip(f"fused kernels not built: {fe.ops.kernel_import_error()}", allow_module_level=True)
 
 
 def check_export(

@@ -10,17 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import rel_l2
+from conftest import rel_l2, require_cuda_kernels
 
 import flash_eqlinear as fe
 from flash_eqlinear import reference
 from flash_eqlinear.models.layers import Mlp, Variant
-from flash_eqlinear.ops import kernel_import_error
 
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU: fused-kernel tests skipped", allow_module_level=True)
-if not fe.kernels_available():
-    pytest.skip(f"fused kernels not built: {kernel_import_error()}", allow_module_level=True)
+require_cuda_kernels()
 
 DEV = "cuda"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
