@@ -4,10 +4,11 @@ and nn.Linear: one MLP and whole EQ-ViTs.
 MLP: x (M, C) -> H -> C, GELU between, at the ViT-B / -L / -H shapes (M = 128 images x tokens), in
 inference (no_grad; fused, unfused, plain) and training (forward + backward; flash against plain).
 Network: EQ-ViT-B / -H fp16 inference, batch 128, the flash model fused and unfused beside the plain one.
+Part tf32: the same in FP32 with TF32 allowed (MLP inference, networks).
 The variants alternate over --rounds rounds, each a median of CUDA-event timed calls; the lines show each
 variant's best round median (all rounds in the JSON).
 
-Usage: python benchmarks/bench_mlp.py [--parts mlp,infer] [--out bench_mlp_<commit>.json]
+Usage: python benchmarks/bench_mlp.py [--parts mlp,infer,tf32] [--out bench_mlp_<commit>.json]
 """
 
 from __future__ import annotations
@@ -75,12 +76,12 @@ def mlp_calls(M, C, H, dtype, train):
     return {"flash fused": (flash, True), "flash unfused": (flash, False), "plain": (plain, True)}
 
 
-def network_calls(scale):
+def network_calls(scale, dtype):
     torch.manual_seed(0)
-    x = torch.randn(128, 3, 224, 224, device=DEV, dtype=torch.float16)
+    x = torch.randn(128, 3, 224, 224, device=DEV, dtype=dtype)
     steps = {}
     for v in ("plain", "flash"):
-        model = eq_vit(scale, v, device=DEV).eval().half()
+        model = eq_vit(scale, v, device=DEV, dtype=dtype).eval()
 
         def step(model=model):
             with torch.no_grad():
@@ -96,7 +97,11 @@ def network_calls(scale):
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--parts", default="mlp,infer", help="comma list of: mlp, infer")
+    ap.add_argument(
+        "--parts",
+        default="mlp,infer,tf32",
+        help="comma list of: mlp, infer (fp16 networks), tf32 (FP32 with TF32 allowed)",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None, help="JSON file name under benchmarks/results/")
     args = ap.parse_args(argv)
@@ -116,9 +121,20 @@ def main(argv=None) -> None:
             what = f"MLP {name} (M={M}, C={C}, H={H}, {str(dtype)[6:]}) {mode}"
             record(what, alternate(mlp_calls(M, C, H, dtype, train), args.rounds, 3, 20))
     for scale in ("B", "H") if "infer" in parts else ():
-        times = alternate(network_calls(scale), args.rounds, 3, 10)
+        times = alternate(network_calls(scale, torch.float16), args.rounds, 3, 10)
         record(f"EQ-ViT-{scale} fp16 inference, batch 128", times)
         torch.cuda.empty_cache()
+    if "tf32" in parts:  # nn.Linear follows the same switch
+        torch.backends.cuda.matmul.allow_tf32 = True
+        for name in ("ViT-B", "ViT-H"):
+            M, C, H = MLP_SHAPES[name]
+            what = f"MLP {name} (M={M}, C={C}, H={H}, float32, TF32 allowed) inference"
+            record(what, alternate(mlp_calls(M, C, H, torch.float32, False), args.rounds, 3, 20))
+        for scale in ("B", "H"):
+            times = alternate(network_calls(scale, torch.float32), args.rounds, 3, 10)
+            record(f"EQ-ViT-{scale} FP32 inference with TF32 allowed, batch 128", times)
+            torch.cuda.empty_cache()
+        torch.backends.cuda.matmul.allow_tf32 = False
     if args.out:
         path = Path(__file__).parent / "results" / args.out
         path.write_text(json.dumps({"env": environment(DEV), "args": vars(args), "rows": rows}, indent=1))

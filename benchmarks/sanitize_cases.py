@@ -176,13 +176,19 @@ for dtype, shapes in GAUSS_CASES if "gauss" in DIRECTIONS else ():
         tol = 5e-3 if dtype == torch.float32 else TOL[dtype]
         assert rel_err(y, fp64_forward(x, planes, b)) < tol, ("gauss", dtype, M, c, d)
 torch.backends.cuda.matmul.allow_tf32 = False
-# GELU in the Hopper kernel's epilogue (fp16 / bf16; clusters of two at h = 512), ragged M and h.
+# GELU in the Hopper kernel's epilogue (fp16 / bf16; clusters of two at h = 512; TF32), ragged M and h.
 for dtype in (torch.float16, torch.bfloat16) if "mlp" in DIRECTIONS else ():
     for M, c, h in [(129, 48, 136), (1000, 48, 512), (257, 64, 66)]:
         x, w1, b1 = layer(M, c, h, dtype)
         a = torch.ops.flash_eqlinear.eq_linear_fwd_gelu(x, w1, b1)
         want = torch.nn.functional.gelu(fp64_forward(x, w1, b1))
         assert rel_err(a, want) < TOL[dtype], ("gelu", dtype, M, c, h)
+torch.backends.cuda.matmul.allow_tf32 = "mlp" in DIRECTIONS  # the TF32 kernel's GELU epilogue
+for M, c, h in [(129, 48, 136), (257, 64, 66)] if "mlp" in DIRECTIONS else ():
+    x, w1, b1 = layer(M, c, h)
+    a = torch.ops.flash_eqlinear.eq_linear_fwd_gelu(x, w1, b1)
+    assert rel_err(a, torch.nn.functional.gelu(fp64_forward(x, w1, b1))) < 5e-3, ("gelu tf32", M, c, h)
+torch.backends.cuda.matmul.allow_tf32 = False
 # Group DFT alone (its shared-memory column-sum reduction; each channels-per-thread width).
 for dtype in (torch.float32, torch.float16, torch.bfloat16) if "dft" in DIRECTIONS else ():
     for M, n in [(1, 1), (129, 59), (33, 6), (4097, 64), (3001, 300), (20000, 2), (5000, 48)]:

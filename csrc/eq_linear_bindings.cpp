@@ -381,6 +381,12 @@ at::Tensor checked_fwd_args(const at::Tensor& x, const at::Tensor& planes, const
   return b;
 }
 
+// FP32 with TF32 allowed takes the fused Hopper kernel below this c * d. H100, M = 32768, c = d: fused 0.073
+// / 0.54 / 1.95 / 7.44 ms at c = 128 / 512 / 1024 / 2048, DFT + cuBLAS 0.17 / 0.74 / 1.91 / 6.17 ms
+// (cuBLAS's TF32 GEMMs outrun the fused kernel's m64n64 wgmma once the two extra passes are small next to
+// the GEMMs).
+constexpr int64_t kFusedTf32MaxCD = 1 << 19;
+
 // x (M, 4c), planes (4, d, c), bias (d,) or None -> y (M, 4d); all one dtype, on one CUDA device.
 at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
                          const std::optional<at::Tensor>& bias) {
@@ -407,11 +413,8 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
     return y;
   }
   if (tf32) {
-    // TF32 allowed: the fused Hopper kernel where it applies and wins, else the DFT + cuBLAS form.
-    // H100, M = 32768, c = d: fused 0.073 / 0.54 / 1.95 / 7.44 ms at c = 128 / 512 / 1024 / 2048,
-    // DFT + cuBLAS 0.17 / 0.74 / 1.91 / 6.17 ms (cuBLAS's TF32 GEMMs outrun the fused kernel's
-    // m64n64 wgmma once the two extra passes are small next to the GEMMs).
-    constexpr int64_t kFusedTf32MaxCD = 1 << 19;
+    // TF32 allowed: the fused Hopper kernel where it applies and wins (kFusedTf32MaxCD), else the DFT +
+    // cuBLAS form.
     bool launched = false;
     if (c * d < kFusedTf32MaxCD) err = eq_linear_fwd_sm90_tf32(p, stream, &launched);
     TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: TF32 kernel launch failed (M=", num(M), ", c=", num(c),
@@ -437,20 +440,29 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
 }
 
 // GELU(eq_linear_fwd(x, planes, bias)) (exact erf form, of the output rounded to its dtype): an MLP's first
-// layer in inference. fp16 / bf16 on Hopper, where eq_linear_fwd itself would try the Hopper kernel (not a
-// narrow layer, the GEMM form not forced): that kernel with GELU in its epilogue, one pass; elsewhere
-// eq_linear_fwd, then at::gelu.
+// layer in inference. Where eq_linear_fwd itself would take the Hopper kernel (fp16 / bf16: not a narrow
+// layer, the GEMM form not forced; FP32 with TF32 allowed: not narrow, not 3xTF32, c * d <
+// kFusedTf32MaxCD), that kernel with GELU in its epilogue, one pass; elsewhere eq_linear_fwd, then at::gelu.
 at::Tensor eq_linear_fwd_gelu(const at::Tensor& x, const at::Tensor& planes, const std::optional<at::Tensor>& bias) {
   const at::Tensor b = checked_fwd_args(x, planes, bias, "eq_linear_fwd_gelu");
   const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
   const at::cuda::CUDAGuard guard(x.device());
-  if (x.scalar_type() != at::kFloat && products_form() != ProductsForm::kGemm && hopper_kernels_may_run(x)) {
-    const at::Tensor xc = x.contiguous();
+  if (M > 0 && hopper_kernels_may_run(x)) {
+    const bool fp32 = x.scalar_type() == at::kFloat, tf32 = fp32 && at::globalContext().allowTF32CuBLAS();
+    const at::Tensor xc = x.contiguous(), pc = planes.contiguous();
     at::Tensor y = at::empty({M, 4 * d}, x.options());
-    const FwdParams p{xc.data_ptr(), nullptr, nullptr, y.data_ptr(), M, c, d};
-    if (!eq_linear_fwd_narrow_applies(p, static_cast<int>(x.element_size()), false) &&
-        fwd_sm90_16bit(xc, planes.contiguous(), b, y, at::Tensor(), 1.f, at::Tensor(), true))
-      return y;
+    FwdParams p{xc.data_ptr(), pc.data_ptr(), b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), M, c, d};
+    p.gelu = true;
+    const bool narrow = eq_linear_fwd_narrow_applies(p, static_cast<int>(x.element_size()), tf32);  // no GELU there
+    bool fused = false;
+    if (!narrow && !fp32) {
+      fused = products_form() != ProductsForm::kGemm && fwd_sm90_16bit(xc, pc, b, y, at::Tensor(), 1.f, at::Tensor(), true);
+    } else if (!narrow && tf32 && c * d < kFusedTf32MaxCD && !(c * d >= kSplitMinCD && split_tf32_requested())) {
+      const cudaError_t err = eq_linear_fwd_sm90_tf32(p, at::cuda::getCurrentCUDAStream(), &fused);
+      TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd_gelu: TF32 kernel launch failed (M=", num(M), ", c=", num(c),
+                  ", d=", num(d), "): ", cudaGetErrorString(err));
+    }
+    if (fused) return y;
   }
   return at::gelu(eq_linear_fwd(x, planes, bias));
 }

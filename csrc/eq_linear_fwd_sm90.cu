@@ -44,8 +44,8 @@
 // buffer) measured no faster.
 //
 // Epilogue: the inverse transform + bias in FP32 registers, one 16-byte store per (row, o pair) of
-// the interleaved (M, d, 4) output. The kGelu variants (fp16 / bf16, FwdParams::gelu: the first layer
-// of an MLP in inference) store GELU of it instead, saving a pass over the hidden activation. For
+// the interleaved (M, d, 4) output. The kGelu variants (FwdParams::gelu: the first layer of an MLP in
+// inference) store GELU of it instead, saving a pass over the hidden activation. For
 // training, GELU with the pre-activation also stored, and GELU' in the second layer's grad_x epilogue
 // (h prefetched into L2, loaded one n8 block ahead), both measured slower than the separate passes at
 // ViT-B / -L sizes: erf's ~40 instructions per element lengthen the epilogue, which sets the pace at
@@ -156,13 +156,18 @@ __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t
   FI = to_tf32(fi);
 }
 
-// GELU, exact (erf) form, of a packed pair of 16-bit values (the rounded pre-activation), in FP32,
-// rounded again: what GELU applied to the stored layer output computes. GELU(v) = v Phi(v).
+// GELU, exact (erf) form, in FP32: GELU(v) = v Phi(v).
+template <int = 0>
+__device__ __forceinline__ float gelu_f32(float v) {
+  return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+}
+
+// GELU of a packed pair of 16-bit values (the rounded pre-activation), rounded again: what GELU applied
+// to the stored layer output computes.
 template <class T>
 __device__ __forceinline__ uint32_t gelu_pair(uint32_t u) {
   const float2 v = Elem<T>::unpack(u);
-  const auto gelu = [](float w) { return 0.5f * w * (1.f + erff(w * 0.70710678118654752f)); };
-  return Elem<T>::pack(gelu(v.x), gelu(v.y));
+  return Elem<T>::pack(gelu_f32(v.x), gelu_f32(v.y));
 }
 
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
@@ -288,8 +293,9 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const int e = 2 * r8 + i;
-            *reinterpret_cast<float4*>(y + (m * p.d + o + i) * 4) =
-                inverse_dft4_f32(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i]);
+            float4 r = inverse_dft4_f32(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i]);
+            if constexpr (kGelu) r = make_float4(gelu_f32(r.x), gelu_f32(r.y), gelu_f32(r.z), gelu_f32(r.w));
+            *reinterpret_cast<float4*>(y + (m * p.d + o + i) * 4) = r;
           }
         }
       }
@@ -357,7 +363,7 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uin
 // kCl = 2 (plain variant only): clusters of two CTAs on the same m tile and adjacent n tiles. Each
 // producer loads one of a stage's two x sub-tiles and multicasts it to both CTAs, so x is read from
 // L2 once per pair; each releases a stage only when the consumers of both CTAs have read it.
-// kGelu (plain variant, fp16 / bf16): the epilogue stores GELU of the output.
+// kGelu (plain variant): the epilogue stores GELU of the output.
 template <class T, bool kXf, int kCl = 1, bool kGelu = false>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
@@ -369,7 +375,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
   const uint32_t xfull = empty_bar + 8 * kStages, xempty = xfull + 8, xbuf = base + kXfBufOffset;  // kXf only
   const int num_tiles = p.num_m * p.num_ng;  // steps of the walk (one per cluster)
   static_assert(kCl == 1 || (kCl == 2 && !kXf), "clusters of two, plain variant only");
-  static_assert(!kGelu || (!kXf && sizeof(T) == 2), "the GELU epilogue: fp16 / bf16, plain variant");
+  static_assert(!kGelu || !kXf, "the GELU epilogue: plain variant");
   const int rank = kCl == 1 ? 0 : static_cast<int>(cluster_ctarank());
 
   constexpr bool writes_xf = kXf && sizeof(T) == 2;
@@ -469,7 +475,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   if (!sm90_path_enabled() || p.M <= 0 || p.M > 0x7fffffff - kBM || (p.c * kE) % 16 != 0 || p.d % 2 != 0 ||
       p.c > 0x3fffffff / 4 || p.d > 0x7fffffff - kBN || !aligned16(p.x) || !aligned16(p.planes) || !aligned16(p.y) ||
       reinterpret_cast<uintptr_t>(p.bias) % (2 * kE) != 0 || (p.xf != nullptr && (kE == 4 || !aligned16(p.xf))) ||
-      (p.gelu && (kE == 4 || p.xf != nullptr)))
+      (p.gelu && p.xf != nullptr))
     return cudaSuccess;
   int dev = 0, major = 0, smem_optin = 0, num_sms = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -511,10 +517,8 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   // (c = d = 2048: 5-6% faster than groups of 8, benchmarks/README.md v12). Larger planes are streamed
   // once per group: groups of 8 m tiles read them a quarter as often.
   kp.group_m = 4 * kE * p.c * p.d <= (int64_t{32} << 20) ? 2 : 8;
-  // (kGelu instantiated for fp16 / bf16 only: T = float never takes it, p.gelu is refused above.)
-  constexpr bool k16 = sizeof(T) == 2;
   if (p.xf == nullptr && num_n > 1 && sm90_clusters(num_n, kE)) {  // clusters of two sharing x (the kernel, kCl)
-    auto kernel = p.gelu ? eq_linear_fwd_sm90_kernel<T, false, 2, k16> : eq_linear_fwd_sm90_kernel<T, false, 2>;
+    auto kernel = p.gelu ? eq_linear_fwd_sm90_kernel<T, false, 2, true> : eq_linear_fwd_sm90_kernel<T, false, 2>;
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     kp.num_ng = static_cast<int>((num_n + 1) / 2);
@@ -551,7 +555,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   }
   kp.num_ng = kp.num_n;
   auto kernel = p.xf != nullptr ? eq_linear_fwd_sm90_kernel<T, true>
-                : p.gelu        ? eq_linear_fwd_sm90_kernel<T, false, 1, k16>
+                : p.gelu        ? eq_linear_fwd_sm90_kernel<T, false, 1, true>
                                 : eq_linear_fwd_sm90_kernel<T, false>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;

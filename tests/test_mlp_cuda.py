@@ -95,9 +95,30 @@ def test_mlp_fused_equals_unfused(M, c, h, d, dtype, monkeypatch):
     assert rel_l2(y, yu) <= ROUNDOFF[dtype] / 4, rel_l2(y, yu)
 
 
+@pytest.fixture
+def allow_tf32(monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+
+
+@pytest.mark.parametrize("M, c, h, d", SHAPES)
+def test_mlp_tf32(M, c, h, d, allow_tf32, monkeypatch):
+    # FP32 with TF32 allowed: GELU in the TF32 Hopper kernel's epilogue where it runs; against float64
+    # within twice the TF32 dense composition's error, and equal to the unfused calls to FP32 rounding.
+    inputs = make(M, c, h, d, torch.float32, seed=5)
+    with torch.no_grad():
+        y = fe.flash_eq_mlp(*inputs)
+        y64 = dense_mlp(*[t.double() for t in inputs], torch.float64)
+        assert rel_l2(y, y64) <= 2 * rel_l2(dense_mlp(*inputs, torch.float32), y64)
+        monkeypatch.setenv("FLASH_EQLINEAR_FUSED_MLP", "0")
+        assert rel_l2(y, fe.flash_eq_mlp(*inputs)) <= 1e-6
+
+
 @pytest.mark.skipif(not HOPPER, reason="the GELU epilogue is the Hopper kernel's (sm_90)")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, "tf32"], ids=str)
 def test_mlp_fusion_leaves_no_gelu_pass(dtype, monkeypatch):
+    if dtype == "tf32":
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+        dtype = torch.float32
     inputs = make(3000, 192, 768, 192, dtype, seed=3)
 
     def kernels():
