@@ -4,11 +4,12 @@ and nn.Linear: one MLP and whole EQ-ViTs.
 MLP: x (M, C) -> H -> C, GELU between, at the ViT-B / -L / -H shapes (M = 128 images x tokens), in
 inference (no_grad; fused, unfused, plain) and training (forward + backward; flash against plain).
 Network: EQ-ViT-B / -H fp16 inference, batch 128, the flash model fused and unfused beside the plain one.
-Part tf32: the same in FP32 with TF32 allowed (MLP inference, networks).
+Part tf32: the same in FP32 with TF32 allowed (MLP inference, networks); part portable: ViT-B's MLP and
+network with the mma.sync kernel (FLASH_EQLINEAR_SM90=0), the path of sm_80 / sm_89 GPUs.
 The variants alternate over --rounds rounds, each a median of CUDA-event timed calls; the lines show each
 variant's best round median (all rounds in the JSON).
 
-Usage: python benchmarks/bench_mlp.py [--parts mlp,infer,tf32] [--out bench_mlp_<commit>.json]
+Usage: python benchmarks/bench_mlp.py [--parts mlp,infer,tf32,portable] [--out bench_mlp_<commit>.json]
 """
 
 from __future__ import annotations
@@ -99,8 +100,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
         "--parts",
-        default="mlp,infer,tf32",
-        help="comma list of: mlp, infer (fp16 networks), tf32 (FP32 with TF32 allowed)",
+        default="mlp,infer,tf32,portable",
+        help="comma list of: mlp, infer (fp16 networks), tf32 (FP32 with TF32 allowed), portable (mma.sync)",
     )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None, help="JSON file name under benchmarks/results/")
@@ -135,6 +136,14 @@ def main(argv=None) -> None:
             record(f"EQ-ViT-{scale} FP32 inference with TF32 allowed, batch 128", times)
             torch.cuda.empty_cache()
         torch.backends.cuda.matmul.allow_tf32 = False
+    if "portable" in parts:  # the mma.sync kernel (the sm_80 / sm_89 path) on this GPU
+        os.environ["FLASH_EQLINEAR_SM90"] = "0"
+        M, C, H = MLP_SHAPES["ViT-B"]
+        what = f"MLP ViT-B (M={M}, C={C}, H={H}, bfloat16) inference, mma.sync kernel (FLASH_EQLINEAR_SM90=0)"
+        record(what, alternate(mlp_calls(M, C, H, torch.bfloat16, False), args.rounds, 3, 20))
+        times = alternate(network_calls("B", torch.float16), args.rounds, 3, 10)
+        record("EQ-ViT-B fp16 inference, batch 128, mma.sync kernel (FLASH_EQLINEAR_SM90=0)", times)
+        del os.environ["FLASH_EQLINEAR_SM90"]
     if args.out:
         path = Path(__file__).parent / "results" / args.out
         path.write_text(json.dumps({"env": environment(DEV), "args": vars(args), "rows": rows}, indent=1))

@@ -176,13 +176,16 @@ for dtype, shapes in GAUSS_CASES if "gauss" in DIRECTIONS else ():
         tol = 5e-3 if dtype == torch.float32 else TOL[dtype]
         assert rel_err(y, fp64_forward(x, planes, b)) < tol, ("gauss", dtype, M, c, d)
 torch.backends.cuda.matmul.allow_tf32 = False
-# GELU in the Hopper kernel's epilogue (fp16 / bf16; clusters of two at h = 512; TF32), ragged M and h.
+# GELU in the fused kernels' epilogue (fp16 / bf16: Hopper, clusters of two at h = 512, and mma.sync; TF32),
+# ragged M and h.
 for dtype in (torch.float16, torch.bfloat16) if "mlp" in DIRECTIONS else ():
-    for M, c, h in [(129, 48, 136), (1000, 48, 512), (257, 64, 66)]:
+    for M, c, h in [(129, 48, 136), (1000, 48, 512), (257, 64, 66), (257, 59, 66)]:
         x, w1, b1 = layer(M, c, h, dtype)
-        a = torch.ops.flash_eqlinear.eq_linear_fwd_gelu(x, w1, b1)
         want = torch.nn.functional.gelu(fp64_forward(x, w1, b1))
-        assert rel_err(a, want) < TOL[dtype], ("gelu", dtype, M, c, h)
+        for sm90 in ("1", "0"):
+            with env_switch("FLASH_EQLINEAR_SM90", sm90):
+                a = torch.ops.flash_eqlinear.eq_linear_fwd_gelu(x, w1, b1)
+            assert rel_err(a, want) < TOL[dtype], ("gelu", dtype, M, c, h, sm90)
 torch.backends.cuda.matmul.allow_tf32 = "mlp" in DIRECTIONS  # the TF32 kernel's GELU epilogue
 for M, c, h in [(129, 48, 136), (257, 64, 66)] if "mlp" in DIRECTIONS else ():
     x, w1, b1 = layer(M, c, h)

@@ -440,28 +440,38 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
 }
 
 // GELU(eq_linear_fwd(x, planes, bias)) (exact erf form, of the output rounded to its dtype): an MLP's first
-// layer in inference. Where eq_linear_fwd itself would take the Hopper kernel (fp16 / bf16: not a narrow
-// layer, the GEMM form not forced; FP32 with TF32 allowed: not narrow, not 3xTF32, c * d <
-// kFusedTf32MaxCD), that kernel with GELU in its epilogue, one pass; elsewhere eq_linear_fwd, then at::gelu.
+// layer in inference. Where eq_linear_fwd itself would take a fused kernel with a GELU epilogue (fp16 /
+// bf16: the Hopper or the mma.sync kernel, not a narrow layer, not the GEMM form; FP32 with TF32 allowed:
+// the Hopper kernel, not narrow, not 3xTF32, c * d < kFusedTf32MaxCD), that kernel with GELU in its
+// epilogue, one pass; elsewhere eq_linear_fwd, then at::gelu.
 at::Tensor eq_linear_fwd_gelu(const at::Tensor& x, const at::Tensor& planes, const std::optional<at::Tensor>& bias) {
   const at::Tensor b = checked_fwd_args(x, planes, bias, "eq_linear_fwd_gelu");
   const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
   const at::cuda::CUDAGuard guard(x.device());
-  if (M > 0 && hopper_kernels_may_run(x)) {
-    const bool fp32 = x.scalar_type() == at::kFloat, tf32 = fp32 && at::globalContext().allowTF32CuBLAS();
+  if (M > 0) {
+    const auto dtype = x.scalar_type();
+    const bool tf32 = dtype == at::kFloat && at::globalContext().allowTF32CuBLAS();
     const at::Tensor xc = x.contiguous(), pc = planes.contiguous();
     at::Tensor y = at::empty({M, 4 * d}, x.options());
     FwdParams p{xc.data_ptr(), pc.data_ptr(), b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), M, c, d};
     p.gelu = true;
     const bool narrow = eq_linear_fwd_narrow_applies(p, static_cast<int>(x.element_size()), tf32);  // no GELU there
+    const ProductsForm form = products_form();
+    const bool gemm_form = form == ProductsForm::kGemm || (form == ProductsForm::kAuto && c * d >= kGemmFwdMinCD);
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     bool fused = false;
-    if (!narrow && !fp32) {
-      fused = products_form() != ProductsForm::kGemm && fwd_sm90_16bit(xc, pc, b, y, at::Tensor(), 1.f, at::Tensor(), true);
+    cudaError_t err = cudaSuccess;
+    if (!narrow && dtype != at::kFloat && gemm_form) {  // as eq_linear_fwd: the Hopper kernel or the GEMM form
+      fused = form == ProductsForm::kAuto && hopper_kernels_may_run(x) &&
+              fwd_sm90_16bit(xc, pc, b, y, at::Tensor(), 1.f, at::Tensor(), true);
+    } else if (!narrow && dtype != at::kFloat) {  // the Hopper kernel, else the mma.sync one
+      err = dtype == at::kHalf ? eq_linear_fwd_fp16(p, stream) : eq_linear_fwd_bf16(p, stream);
+      fused = true;
     } else if (!narrow && tf32 && c * d < kFusedTf32MaxCD && !(c * d >= kSplitMinCD && split_tf32_requested())) {
-      const cudaError_t err = eq_linear_fwd_sm90_tf32(p, at::cuda::getCurrentCUDAStream(), &fused);
-      TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd_gelu: TF32 kernel launch failed (M=", num(M), ", c=", num(c),
-                  ", d=", num(d), "): ", cudaGetErrorString(err));
+      err = eq_linear_fwd_sm90_tf32(p, stream, &fused);
     }
+    TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd_gelu: kernel launch failed (M=", num(M), ", c=", num(c),
+                ", d=", num(d), ", ", c10::toString(dtype), "): ", cudaGetErrorString(err));
     if (fused) return y;
   }
   return at::gelu(eq_linear_fwd(x, planes, bias));

@@ -39,9 +39,10 @@ struct FwdParams {
   // (eq_linear_fwd_sm90_sum_rows(M), c) partial sums whose column sums are those of f0 (grad_bias from
   // grad_y's planes, without the planes' rounding).
   float* xf_sums = nullptr;
-  // Optional, the Hopper kernel only (fp16 / bf16, and TF32 through eq_linear_fwd_sm90_tf32; the
-  // portable launchers return cudaErrorNotSupported when set): y = GELU(result), GELU(v) = v Phi(v) (the
-  // exact, erf form) of the result rounded to y's dtype, as GELU applied to the stored result computes it.
+  // Optional, the fp16 / bf16 kernels (Hopper and mma.sync) and the TF32 Hopper kernel (the exact FP32
+  // and narrow launchers return cudaErrorNotSupported when set): y = GELU(result), GELU(v) = v Phi(v)
+  // (the exact, erf form) of the result rounded to y's dtype, as GELU applied to the stored result
+  // computes it.
   bool gelu = false;
 };
 

@@ -96,7 +96,8 @@ template <> constexpr int kLargeMinC<__nv_bfloat16> = 1536;
 
 // ---- the kernel --------------------------------------------------------------------------------
 // kFast: 16-byte cp.async (c % 8 == 0, x and planes 16-byte aligned); else the general loader.
-template <class T, class C, bool kFast>
+// kGelu: the epilogue stores GELU of the output (FwdParams::gelu).
+template <class T, class C, bool kFast, bool kGelu>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 eq_linear_fwd_mma_kernel(const KParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -322,7 +323,7 @@ eq_linear_fwd_mma_kernel(const KParams p) {
   }
   cp_async_wait<0>();  // nothing real is pending; drain the empty groups before exit
 
-  // ---- epilogue: y[m][o][0..3] from (a0, a2, aR, aI), + bias ----
+  // ---- epilogue: y[m][o][0..3] from (a0, a2, aR, aI), + bias (kGelu: GELU of that) ----
   const T* bias = static_cast<const T*>(p.bias);
   T* y = static_cast<T*>(p.y);
 #pragma unroll
@@ -347,6 +348,10 @@ eq_linear_fwd_mma_kernel(const KParams p) {
           const int e = 2 * r8 + j;
           inverse_dft4<T>(acc[0][mt][nt][e], acc[1][mt][nt][e], acc[2][mt][nt][e], acc[3][mt][nt][e], bo[j],
                           out[j][0], out[j][1]);
+          if constexpr (kGelu) {
+            out[j][0] = gelu_pair<T>(out[j][0]);
+            out[j][1] = gelu_pair<T>(out[j][1]);
+          }
         }
         T* dst = y + (row * d + o) * 4;
         if (p.y_vec16) {  // d even, so o + 1 < d too
@@ -373,8 +378,8 @@ eq_linear_fwd_mma_kernel(const KParams p) {
 
 // ---- host side -----------------------------------------------------------------------------------
 template <class T, class C, bool kFast>
-cudaError_t launch(const KParams& kp, int64_t num_m, int64_t num_n, cudaStream_t stream) {
-  auto kernel = eq_linear_fwd_mma_kernel<T, C, kFast>;
+cudaError_t launch(const KParams& kp, int64_t num_m, int64_t num_n, cudaStream_t stream, bool gelu) {
+  auto kernel = gelu ? eq_linear_fwd_mma_kernel<T, C, kFast, true> : eq_linear_fwd_mma_kernel<T, C, kFast, false>;
   if (C::kSmem > 48 * 1024) {
     const cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
@@ -438,30 +443,27 @@ cudaError_t eq_linear_fwd_mma(const FwdParams& p, cudaStream_t stream) {
                                  : tiles_large >= num_sms;
     if (large) {
       if (smem_optin >= CfgLarge4::kSmem)
-        return launch<T, CfgLarge4, true>(kp, num_m_large, num_n_small, stream);
-      return launch<T, CfgLarge3, true>(kp, num_m_large, num_n_small, stream);
+        return launch<T, CfgLarge4, true>(kp, num_m_large, num_n_small, stream, p.gelu);
+      return launch<T, CfgLarge3, true>(kp, num_m_large, num_n_small, stream, p.gelu);
     }
   }
-  if (fast) return launch<T, CfgSmall, true>(kp, num_m_small, num_n_small, stream);
-  return launch<T, CfgSmall, false>(kp, num_m_small, num_n_small, stream);
+  if (fast) return launch<T, CfgSmall, true>(kp, num_m_small, num_n_small, stream, p.gelu);
+  return launch<T, CfgSmall, false>(kp, num_m_small, num_n_small, stream, p.gelu);
 }
 
 }  // namespace
 
-// Hopper devices run the sm_90a kernel where it applies (eq_linear_fwd_sm90.cu), else these (which have
-// no GELU epilogue).
+// Hopper devices run the sm_90a kernel where it applies (eq_linear_fwd_sm90.cu), else these.
 cudaError_t eq_linear_fwd_fp16(const FwdParams& p, cudaStream_t stream) {
   bool launched = false;
   const cudaError_t e = eq_linear_fwd_sm90_fp16(p, stream, &launched);
-  if (launched || e != cudaSuccess) return e;
-  return p.gelu ? cudaErrorNotSupported : eq_linear_fwd_mma<__half>(p, stream);
+  return (launched || e != cudaSuccess) ? e : eq_linear_fwd_mma<__half>(p, stream);
 }
 
 cudaError_t eq_linear_fwd_bf16(const FwdParams& p, cudaStream_t stream) {
   bool launched = false;
   const cudaError_t e = eq_linear_fwd_sm90_bf16(p, stream, &launched);
-  if (launched || e != cudaSuccess) return e;
-  return p.gelu ? cudaErrorNotSupported : eq_linear_fwd_mma<__nv_bfloat16>(p, stream);
+  return (launched || e != cudaSuccess) ? e : eq_linear_fwd_mma<__nv_bfloat16>(p, stream);
 }
 
 }  // namespace flash_eqlinear

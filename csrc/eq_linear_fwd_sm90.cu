@@ -156,20 +156,6 @@ __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t
   FI = to_tf32(fi);
 }
 
-// GELU, exact (erf) form, in FP32: GELU(v) = v Phi(v).
-template <int = 0>
-__device__ __forceinline__ float gelu_f32(float v) {
-  return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
-}
-
-// GELU of a packed pair of 16-bit values (the rounded pre-activation), rounded again: what GELU applied
-// to the stored layer output computes.
-template <class T>
-__device__ __forceinline__ uint32_t gelu_pair(uint32_t u) {
-  const float2 v = Elem<T>::unpack(u);
-  return Elem<T>::pack(gelu_f32(v.x), gelu_f32(v.y));
-}
-
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
 // kGelu: the epilogue stores GELU of the output (FwdParams::gelu).
 template <class T, int kCl, bool kGelu>

@@ -171,6 +171,20 @@ __device__ __forceinline__ void inverse_dft4(float a0, float a2, float ar, float
   y23 = Elem<T>::pack(y.z, y.w);
 }
 
+// GELU, exact (erf) form, in FP32: GELU(v) = v Phi(v). (The forward kernels' GELU epilogues.)
+template <int = 0>
+__device__ __forceinline__ float gelu_f32(float v) {
+  return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+}
+
+// GELU of a packed pair of 16-bit values (the rounded output), rounded again: what GELU applied to the
+// stored layer output computes.
+template <class T>
+__device__ __forceinline__ uint32_t gelu_pair(uint32_t u) {
+  const float2 v = Elem<T>::unpack(u);
+  return Elem<T>::pack(gelu_f32(v.x), gelu_f32(v.y));
+}
+
 // Block order for L2 reuse: consecutive linear block ids sweep all num_n d tiles of a group of
 // `group` M tiles (default kGroupM), so the blocks resident at once share a few x panels and plane
 // tiles.

@@ -370,10 +370,10 @@ def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torc
     x (..., c*T); weight1: planes (T, h, c), bias1 (h,) or None; weight2: planes (T, d, h), bias2 (d,) or
     None -> (..., d*T). GELU is the exact (erf) form, ``nn.GELU()``. Same function as the three calls. Where
     no gradient is needed (inference), for T = 4 on CUDA the first layer's kernel applies GELU in its
-    epilogue (fp16 / bf16 on Hopper GPUs; elsewhere GELU runs as its own pass): no pass over the hidden
-    activation remains. In training it runs the three calls (fusing GELU there measured slower).
-    ``FLASH_EQLINEAR_FUSED_MLP=0`` runs the three calls always. Under ``torch.autocast`` it casts like
-    ``nn.Linear``.
+    epilogue (the fp16 / bf16 fused kernels, and the TF32 one on Hopper GPUs; elsewhere, e.g. exact FP32,
+    GELU runs as its own pass): no pass over the hidden activation remains. In training it runs the three
+    calls (fusing GELU there measured slower). ``FLASH_EQLINEAR_FUSED_MLP=0`` runs the three calls always.
+    Under ``torch.autocast`` it casts like ``nn.Linear``.
     """
     x, weight1, bias1 = autocast_inputs(x, weight1, bias1)
     _, weight2, bias2 = autocast_inputs(x, weight2, bias2)

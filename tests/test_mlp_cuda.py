@@ -83,10 +83,13 @@ def test_mlp_against_fp64(M, c, h, d, dtype):
         assert grads[k].dtype == dtype and err <= tol, (name, err, tol)
 
 
+@pytest.mark.parametrize("sm90", [True, False], ids=["sm90", "portable"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("M, c, h, d", SHAPES)
-def test_mlp_fused_equals_unfused(M, c, h, d, dtype, monkeypatch):
+def test_mlp_fused_equals_unfused(M, c, h, d, dtype, sm90, monkeypatch):
     # The same kernels compute the product; GELU in the epilogue of the rounded output, as at::gelu does.
+    # Each 16-bit path (FLASH_EQLINEAR_SM90=0: the mma.sync kernel).
+    monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1" if sm90 else "0")
     inputs = make(M, c, h, d, dtype, seed=1)
     with torch.no_grad():
         y = fe.flash_eq_mlp(*inputs)
@@ -114,9 +117,16 @@ def test_mlp_tf32(M, c, h, d, allow_tf32, monkeypatch):
         assert rel_l2(y, fe.flash_eq_mlp(*inputs)) <= 1e-6
 
 
-@pytest.mark.skipif(not HOPPER, reason="the GELU epilogue is the Hopper kernel's (sm_90)")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, "tf32"], ids=str)
-def test_mlp_fusion_leaves_no_gelu_pass(dtype, monkeypatch):
+@pytest.mark.parametrize(
+    "dtype, kernel",
+    [(torch.float16, "sm90"), (torch.bfloat16, "sm90"), ("tf32", "sm90")]
+    + [(torch.float16, "mma"), (torch.bfloat16, "mma")],
+    ids=str,
+)
+def test_mlp_fusion_leaves_no_gelu_pass(dtype, kernel, monkeypatch):
+    if kernel == "sm90" and not HOPPER:
+        pytest.skip("the Hopper kernel's GELU epilogue (sm_90)")
+    monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1" if kernel == "sm90" else "0")
     if dtype == "tf32":
         monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
         dtype = torch.float32
@@ -130,7 +140,8 @@ def test_mlp_fusion_leaves_no_gelu_pass(dtype, monkeypatch):
         return [e.name.lower() for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
     fused = kernels()
-    assert not [k for k in fused if "gelu" in k] and sum("eq_linear_fwd_sm90" in k for k in fused) == 2, fused
+    assert not [k for k in fused if "gelu" in k], fused
+    assert sum(f"eq_linear_fwd_{kernel}" in k for k in fused) == 2, fused
     monkeypatch.setenv("FLASH_EQLINEAR_FUSED_MLP", "0")
     assert sum("gelu" in k for k in kernels()) == 1
 
