@@ -48,7 +48,7 @@
 // inference) store GELU of it instead, saving a pass over the hidden activation. For
 // training, GELU with the pre-activation also stored, and GELU' in the second layer's grad_x epilogue
 // (h prefetched into L2, loaded one n8 block ahead), both measured slower than the separate passes at
-// ViT-B / -L sizes: erf's ~40 instructions per element lengthen the epilogue, which sets the pace at
+// ViT-B / -L sizes: erf's ~35 instructions per element lengthen the epilogue, which sets the pace at
 // short K (benchmarks/README.md, v19).
 //
 // Optional by-product (fp16 / bf16, FwdParams::xf): x's Fourier planes as column blocks (M, 4c), for a
