@@ -2,7 +2,7 @@
 
 Same criterion as the layer's tests: errors against float64 within twice those of the dense
 F.linear / GELU / F.linear composition in the same dtype (floored at u/8); the fused and the unfused
-paths agree to rounding; the fused path really leaves no GELU pass (Hopper).
+paths agree to rounding; the fused path really leaves no GELU pass (Hopper and mma.sync kernels).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ DEV = "cuda"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 HOPPER = torch.cuda.get_device_capability()[0] == 9
-# (M, c, h, d): Hopper-kernel layers (c, h % 8 == 0; h = 512: clusters of two), a ViT-B-like MLP, odd and
-# narrow layers (the other kernels, GELU as its own pass), an empty input
+# (M, c, h, d): Hopper-kernel layers (c, h % 8 == 0; h = 512: clusters of two), a ViT-B-like MLP, an odd c
+# (the mma.sync kernel), a narrow layer (GELU as its own pass), an empty input
 SHAPES = [(129, 48, 192, 48), (1000, 192, 768, 192), (300, 64, 512, 40), (257, 59, 200, 48), (7, 3, 12, 5)]
 SHAPES_WITH_EMPTY = SHAPES + [(0, 16, 64, 16)]
 
