@@ -387,10 +387,14 @@ at::Tensor checked_fwd_args(const at::Tensor& x, const at::Tensor& planes, const
 // the GEMMs).
 constexpr int64_t kFusedTf32MaxCD = 1 << 19;
 
-// x (M, 4c), planes (4, d, c), bias (d,) or None -> y (M, 4d); all one dtype, on one CUDA device.
-at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
-                         const std::optional<at::Tensor>& bias) {
-  const at::Tensor b = checked_fwd_args(x, planes, bias, "eq_linear_fwd");
+// The forward ops' shared body: x (M, 4c), planes (4, d, c), bias (d,) or None -> y (M, 4d); all one
+// dtype, on one CUDA device (`what` names the op). With gelu, y = GELU(the layer's output) (exact erf
+// form, of the output rounded to its dtype): the kernels with a GELU epilogue (the fp16 / bf16 Hopper and
+// mma.sync kernels, the TF32 Hopper kernel; FwdParams::gelu) apply it as they store, the other forms (narrow
+// kernel, exact FP32, 3xTF32, the GEMM forms) by at::gelu_ after.
+at::Tensor fwd(const at::Tensor& x, const at::Tensor& planes, const std::optional<at::Tensor>& bias, bool gelu,
+               const char* what) {
+  const at::Tensor b = checked_fwd_args(x, planes, bias, what);
   const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
   const auto dtype = x.scalar_type();
   const at::cuda::CUDAGuard guard(x.device());
@@ -398,83 +402,63 @@ at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes,
   if (M == 0) return at::empty({M, 4 * d}, x.options());
   at::Tensor y = at::empty({M, 4 * d}, x.options());
   FwdParams p{xc.data_ptr(), pc.data_ptr(), b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), M, c, d};
+  FwdParams pg = p;  // for the kernels with a GELU epilogue
+  pg.gelu = gelu;
+  // y as computed; GELU after it where the kernel that wrote it had no epilogue for it
+  const auto done = [&](bool in_epilogue) { return gelu && !in_epilogue ? at::gelu_(y) : y; };
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   cudaError_t err = cudaSuccess;
+  const std::string op = what;
   const bool tf32 = dtype == at::kFloat && at::globalContext().allowTF32CuBLAS();
   if (eq_linear_fwd_narrow_applies(p, static_cast<int>(x.element_size()), tf32)) {
     // Narrow layers: one streaming pass (FP32 in exact arithmetic also where TF32 is allowed).
     err = eq_linear_fwd_narrow(p, static_cast<int>(x.element_size()), dtype == at::kBFloat16, stream);
-    TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: narrow kernel launch failed (M=", num(M), ", c=", num(c),
-                ", d=", num(d), "): ", cudaGetErrorString(err));
-    return y;
+    TORCH_CHECK(err == cudaSuccess, op, ": narrow kernel launch failed (M=", num(M), ", c=", num(c), ", d=", num(d),
+                "): ", cudaGetErrorString(err));
+    return done(false);
   }
   if (dtype == at::kFloat && c * d >= kSplitMinCD && split_tf32_requested()) {
     eq_linear_fwd_3xtf32(xc, pc, b, y);
-    return y;
+    return done(false);
   }
   if (tf32) {
     // TF32 allowed: the fused Hopper kernel where it applies and wins (kFusedTf32MaxCD), else the DFT +
     // cuBLAS form.
     bool launched = false;
-    if (c * d < kFusedTf32MaxCD) err = eq_linear_fwd_sm90_tf32(p, stream, &launched);
-    TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: TF32 kernel launch failed (M=", num(M), ", c=", num(c),
-                ", d=", num(d), "): ", cudaGetErrorString(err));
+    if (c * d < kFusedTf32MaxCD) err = eq_linear_fwd_sm90_tf32(pg, stream, &launched);
+    TORCH_CHECK(err == cudaSuccess, op, ": TF32 kernel launch failed (M=", num(M), ", c=", num(c), ", d=", num(d),
+                "): ", cudaGetErrorString(err));
     if (!launched) fwd_gemm_form_chunked(xc, pc, b, y, "eq_linear_fwd (tf32)", c * d >= kGaussMinCDTf32);
-    return y;
+    return done(launched);
   }
   const ProductsForm form = products_form();
   const bool gemm_form = form == ProductsForm::kGemm || (form == ProductsForm::kAuto && c * d >= kGemmFwdMinCD);
   if (dtype != at::kFloat && gemm_form) {
-    if (form == ProductsForm::kAuto && hopper_kernels_may_run(x) && fwd_sm90_16bit(xc, pc, b, y)) return y;
+    if (form == ProductsForm::kAuto && hopper_kernels_may_run(x) &&
+        fwd_sm90_16bit(xc, pc, b, y, at::Tensor(), 1.f, at::Tensor(), gelu))
+      return done(true);
     fwd_gemm_form_chunked(xc, pc, b, y, "eq_linear_fwd", c * d >= kGaussMinCD16);  // products_form
-    return y;
+    return done(false);
   }
   switch (dtype) {
     case at::kFloat: err = eq_linear_fwd_fp32(p, stream); break;
-    case at::kHalf: err = eq_linear_fwd_fp16(p, stream); break;
-    default: err = eq_linear_fwd_bf16(p, stream); break;
+    case at::kHalf: err = eq_linear_fwd_fp16(pg, stream); break;
+    default: err = eq_linear_fwd_bf16(pg, stream); break;
   }
-  TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd: kernel launch failed (M=", num(M), ", c=", num(c), ", d=", num(d),
-              ", ", c10::toString(dtype), "): ", cudaGetErrorString(err));
-  return y;
+  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed (M=", num(M), ", c=", num(c), ", d=", num(d), ", ",
+              c10::toString(dtype), "): ", cudaGetErrorString(err));
+  return done(dtype != at::kFloat);
 }
 
-// GELU(eq_linear_fwd(x, planes, bias)) (exact erf form, of the output rounded to its dtype): an MLP's first
-// layer in inference. Where eq_linear_fwd itself would take a fused kernel with a GELU epilogue (fp16 /
-// bf16: the Hopper or the mma.sync kernel, not a narrow layer, not the GEMM form; FP32 with TF32 allowed:
-// the Hopper kernel, not narrow, not 3xTF32, c * d < kFusedTf32MaxCD), that kernel with GELU in its
-// epilogue, one pass; elsewhere eq_linear_fwd, then at::gelu.
+// x (M, 4c), planes (4, d, c), bias (d,) or None -> y (M, 4d); all one dtype, on one CUDA device.
+at::Tensor eq_linear_fwd(const at::Tensor& x, const at::Tensor& planes, const std::optional<at::Tensor>& bias) {
+  return fwd(x, planes, bias, false, "eq_linear_fwd");
+}
+
+// GELU(eq_linear_fwd(x, planes, bias)): an MLP's first layer in inference, GELU in the kernel's epilogue
+// where it has one (fwd).
 at::Tensor eq_linear_fwd_gelu(const at::Tensor& x, const at::Tensor& planes, const std::optional<at::Tensor>& bias) {
-  const at::Tensor b = checked_fwd_args(x, planes, bias, "eq_linear_fwd_gelu");
-  const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
-  const at::cuda::CUDAGuard guard(x.device());
-  if (M > 0) {
-    const auto dtype = x.scalar_type();
-    const bool tf32 = dtype == at::kFloat && at::globalContext().allowTF32CuBLAS();
-    const at::Tensor xc = x.contiguous(), pc = planes.contiguous();
-    at::Tensor y = at::empty({M, 4 * d}, x.options());
-    FwdParams p{xc.data_ptr(), pc.data_ptr(), b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), M, c, d};
-    p.gelu = true;
-    const bool narrow = eq_linear_fwd_narrow_applies(p, static_cast<int>(x.element_size()), tf32);  // no GELU there
-    const ProductsForm form = products_form();
-    const bool gemm_form = form == ProductsForm::kGemm || (form == ProductsForm::kAuto && c * d >= kGemmFwdMinCD);
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    bool fused = false;
-    cudaError_t err = cudaSuccess;
-    if (!narrow && dtype != at::kFloat && gemm_form) {  // as eq_linear_fwd: the Hopper kernel or the GEMM form
-      fused = form == ProductsForm::kAuto && hopper_kernels_may_run(x) &&
-              fwd_sm90_16bit(xc, pc, b, y, at::Tensor(), 1.f, at::Tensor(), true);
-    } else if (!narrow && dtype != at::kFloat) {  // the Hopper kernel, else the mma.sync one
-      err = dtype == at::kHalf ? eq_linear_fwd_fp16(p, stream) : eq_linear_fwd_bf16(p, stream);
-      fused = true;
-    } else if (!narrow && tf32 && c * d < kFusedTf32MaxCD && !(c * d >= kSplitMinCD && split_tf32_requested())) {
-      err = eq_linear_fwd_sm90_tf32(p, stream, &fused);
-    }
-    TORCH_CHECK(err == cudaSuccess, "eq_linear_fwd_gelu: kernel launch failed (M=", num(M), ", c=", num(c),
-                ", d=", num(d), ", ", c10::toString(dtype), "): ", cudaGetErrorString(err));
-    if (fused) return y;
-  }
-  return at::gelu(eq_linear_fwd(x, planes, bias));
+  return fwd(x, planes, bias, true, "eq_linear_fwd_gelu");
 }
 
 // The training forward of the GEMM form: y as eq_linear_fwd's GEMM form computes it (fp16 / bf16, or
