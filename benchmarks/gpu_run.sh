@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build, GPU tests, compute-sanitizer, benchmarks on a CUDA machine; full logs under $OUT
 # (default /tmp/out), a short summary last.
-# Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-bwd] [bench-train] [bench-3xtf32] [bench-wgrad] [profile-bwd] [profile-net] [net] [net-train] [bench-quick] [narrow] [fp32-tiles] [xf-writer]
+# Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-bwd] [bench-train] [bench-3xtf32] [bench-wgrad] [profile-bwd] [profile-net] [net] [net-train] [net-train-cast] [bench-quick] [narrow] [fp32-tiles] [xf-writer]
 # (default: build test sanitize bench)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -22,7 +22,7 @@ fi
 python3 -c "import flash_eqlinear as fe; assert fe.kernels_available(), fe.ops.kernel_import_error()" || exit 1
 if has test; then
   # A hung kernel would otherwise take the whole call: TEST_TIMEOUT seconds at most.
-  timeout "${TEST_TIMEOUT:-400}" python3 -m pytest tests/test_fwd_cuda.py tests/test_mlp_cuda.py -q -x -p no:cacheprovider >"$OUT/test.log" 2>&1
+  timeout "${TEST_TIMEOUT:-400}" python3 -m pytest ${TEST_FILES:-tests/test_fwd_cuda.py tests/test_mlp_cuda.py tests/test_autocast_cuda.py} -q -x -p no:cacheprovider >"$OUT/test.log" 2>&1
   summary+=("tests: $(tail -1 "$OUT/test.log")")
   grep -E "FAILED|Error|assert" "$OUT/test.log" | head -20
 fi
@@ -66,6 +66,12 @@ if has net-train; then  # the bf16 training steps of EQ-ViT-B / -L against plain
   python3 benchmarks/bench_network.py --models vit --scales B,L --variants plain,flash --no-inference \
     --train vit-B,vit-L --out "net_vit_train_${FLASH_EQLINEAR_COMMIT:-local}.json" >"$OUT/net_train.log" 2>&1
   summary+=("net-train rc=$?"); grep -E "^\| vit" "$OUT/net_train.log"
+fi
+if has net-train-cast; then  # the flash models' steps again, the FP32 input cast in front of each layer (A/B)
+  FLASH_EQLINEAR_FUSED_CAST=0 python3 benchmarks/bench_network.py --models vit --scales B,L --variants plain,flash \
+    --no-inference --train vit-B,vit-L --out "net_vit_train_cast0_${FLASH_EQLINEAR_COMMIT:-local}.json" \
+    >"$OUT/net_train_cast0.log" 2>&1
+  summary+=("net-train-cast rc=$?"); grep -E "^\| vit" "$OUT/net_train_cast0.log"
 fi
 if has profile-bwd; then
   python3 benchmarks/profile_bwd.py --cs 512,1024 >"$OUT/profile_bwd.log" 2>&1; summary+=("profile-bwd rc=$?")

@@ -16,10 +16,11 @@ SHAPES += [(257, 20, 31), (1000, 32, 32), (4097, 16, 8)]  # the narrow kernel's 
 SHAPES += [(5000, 40, 200), (20000, 3, 200)]  # FP32 tiled: more tiles than blocks (one k tile for c = 3)
 # Which ops: fwd, bwd, dft (group DFT), tiles (FP32 tiles), gemm (the 16-bit GEMM forms), gauss (the
 # three-product GEMM form), wgrad (the 16-bit weight gradient on shapes of its Hopper kernel), mlp (the
-# Hopper kernel's GELU epilogue), hopper (the Hopper forward alone, its clusters forced; not in the
-# default list); "quick": the weight-gradient set without its two largest shapes (racecheck runs each
-# launch ~100x slower).
-DIRECTIONS = sys.argv[1:] or ["fwd", "bwd", "dft", "tiles", "gemm", "gauss", "wgrad", "mlp"]
+# Hopper kernel's GELU epilogue), cast (an FP32 x under autocast: eq_linear_fwd_cast and the FP32 grad_x
+# of the Hopper kernel), hopper (the Hopper forward alone, its clusters forced; not in the default list);
+# "quick": the weight-gradient set without its two largest shapes (racecheck runs each launch ~100x
+# slower).
+DIRECTIONS = sys.argv[1:] or ["fwd", "bwd", "dft", "tiles", "gemm", "gauss", "wgrad", "mlp", "cast"]
 BWD_SHAPES = SHAPES + [(5000, 48, 59), (3000, 64, 128)]
 if "quick" in DIRECTIONS:
     BWD_SHAPES = [s for s in BWD_SHAPES if s[0] <= 5000]
@@ -192,6 +193,18 @@ for M, c, h in [(129, 48, 136), (257, 64, 66)] if "mlp" in DIRECTIONS else ():
     a = torch.ops.flash_eqlinear.eq_linear_fwd_gelu(x, w1, b1)
     assert rel_err(a, torch.nn.functional.gelu(fp64_forward(x, w1, b1))) < 5e-3, ("gelu tf32", M, c, h)
 torch.backends.cuda.matmul.allow_tf32 = False
+# An FP32 x under autocast: eq_linear_fwd_cast, and grad_x in FP32 (the Hopper kernel's FP32 epilogue;
+# clusters of two at c = 512; c = 59: the mma.sync kernel's, widened).
+for dtype in (torch.float16, torch.bfloat16) if "cast" in DIRECTIONS else ():
+    for M, c, d in [(1000, 192, 576), (300, 512, 64), (129, 48, 40), (257, 59, 48)]:
+        x, planes, b = layer(M, c, d)
+        p, bl = planes.to(dtype), b.to(dtype)
+        y, xl = torch.ops.flash_eqlinear.eq_linear_fwd_cast(x, p, bl)
+        assert rel_err(y, fp64_forward(xl, p, bl)) < TOL[dtype], ("cast", dtype, M, c, d)
+        gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
+        gx, _, _ = torch.ops.flash_eqlinear.eq_linear_bwd(gy, xl, p, True, False, False, False, True)
+        want = fp64_forward(gy, reference.adjoint_planes(p), None)
+        assert gx.dtype == torch.float32 and rel_err(gx, want) < TOL[dtype], ("cast grad_x", dtype, M, c, d)
 # Group DFT alone (its shared-memory column-sum reduction; each channels-per-thread width).
 for dtype in (torch.float32, torch.float16, torch.bfloat16) if "dft" in DIRECTIONS else ():
     for M, n in [(1, 1), (129, 59), (33, 6), (4097, 64), (3001, 300), (20000, 2), (5000, 48)]:

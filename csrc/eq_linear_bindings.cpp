@@ -265,7 +265,7 @@ bool hopper_takes_products(const at::Tensor& t, int64_t cd) {
 // it runs for these tensors; else nothing is launched and false is returned. With xf (M, 4k), the kernel
 // also writes x's Fourier planes [f0 | f2 | fR | fI] * xf_scale there, and with xf_sums
 // (eq_linear_fwd_sm90_sum_rows(M), k) FP32 partial column sums of f0 (FwdParams); with gelu (and no xf),
-// y = GELU(the product).
+// y = GELU(the product). y may be FP32 (without xf and gelu): the product stored unrounded.
 bool fwd_sm90_16bit(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
                     const at::Tensor& xf = at::Tensor(), float xf_scale = 1.f, const at::Tensor& xf_sums = at::Tensor(),
                     bool gelu = false) {
@@ -273,6 +273,7 @@ bool fwd_sm90_16bit(const at::Tensor& x, const at::Tensor& planes, const at::Ten
   if (M == 0) return true;
   FwdParams p{x.data_ptr(), planes.data_ptr(), bias.defined() ? bias.data_ptr() : nullptr, y.data_ptr(), M, k, n};
   p.gelu = gelu;
+  p.y_f32 = y.scalar_type() == at::kFloat;
   if (xf.defined()) {
     p.xf = xf.data_ptr();
     p.xf_scale = xf_scale;
@@ -461,6 +462,23 @@ at::Tensor eq_linear_fwd_gelu(const at::Tensor& x, const at::Tensor& planes, con
   return fwd(x, planes, bias, true, "eq_linear_fwd_gelu");
 }
 
+// An FP32 x with fp16 / bf16 planes and bias (autocast's input to a layer after an FP32 op such as
+// LayerNorm): y = eq_linear_fwd(x rounded to the planes' dtype, planes, bias), and that rounded x (the
+// backward's operand). Its backward (eq_linear_bwd with grad_x_fp32) writes grad_x in FP32 straight from
+// the kernel, instead of a 16-bit grad_x widened by the backward of a separate cast.
+std::tuple<at::Tensor, at::Tensor> eq_linear_fwd_cast(const at::Tensor& x, const at::Tensor& planes,
+                                                      const std::optional<at::Tensor>& bias) {
+  const auto low = planes.scalar_type();
+  TORCH_CHECK(x.is_cuda(), "eq_linear_fwd_cast: x must be a CUDA tensor, got one on ", x.device().str());
+  TORCH_CHECK(x.scalar_type() == at::kFloat && (low == at::kHalf || low == at::kBFloat16),
+              "eq_linear_fwd_cast: want a float32 x and float16 / bfloat16 planes, got ",
+              c10::toString(x.scalar_type()), " and ", c10::toString(low));
+  TORCH_CHECK(x.dim() == 2, "eq_linear_fwd_cast: x must be 2-D (M, 4c), got ", shape(x.sizes()));
+  const at::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xl = x.to(x.options().dtype(low), false, false, at::MemoryFormat::Contiguous);
+  return {fwd(xl, planes, bias, false, "eq_linear_fwd_cast"), xl};
+}
+
 // The training forward of the GEMM form: y as eq_linear_fwd's GEMM form computes it (fp16 / bf16, or
 // FP32 with the GEMMs as PyTorch's TF32 switch says), and x's Fourier planes xf (M, 4c) = [f0 | f2 | fR |
 // fI] / 2 (column blocks, eq_group_dft.h), which that form makes anyway, for the backward to keep
@@ -552,8 +570,9 @@ std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool inp
 // for fp16 / bf16 as products_form says. Returns (grad_x, false), or (an empty tensor, true) when grad_x
 // is left to the GEMM form (bwd_from_planes). With gf and the Hopper kernel, that kernel also writes
 // grad_y's planes [g0 | g2 | gR | gI] (M, 4d) into *gf and g0's partial column sums in FP32 into *g0_sums
-// (else both stay undefined).
-std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor& planes, bool gemm_ok,
+// (else both stay undefined). With f32 (fp16 / bf16 grad_y, not the GEMM form), grad_x is FP32: stored
+// unrounded by the Hopper kernel where it runs, else rounded to grad_y's dtype and widened.
+std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor& planes, bool gemm_ok, bool f32,
                                          at::Tensor* gf = nullptr, at::Tensor* g0_sums = nullptr) {
   const bool may_gemm = gemm_ok && gy.scalar_type() != at::kFloat && products_form() != ProductsForm::kFused;
   const int64_t M = gy.size(0), c = planes.size(2), d = planes.size(1);
@@ -567,6 +586,14 @@ std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor&
     const cudaError_t err = eq_adjoint_planes(pc.data_ptr(), adj.data_ptr(), d, c,
                                               static_cast<int>(pc.element_size()), at::cuda::getCurrentCUDAStream());
     TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: adjoint planes failed: ", cudaGetErrorString(err));
+  }
+  if (!may_gemm && f32 && gy.scalar_type() != at::kFloat) {
+    at::Tensor gx = at::empty({M, 4 * c}, gy.options().dtype(at::kFloat));
+    const FwdParams p{gy.data_ptr(), adj.data_ptr(), nullptr, gx.data_ptr(), M, d, c};  // grad_x: K = d
+    if (!eq_linear_fwd_narrow_applies(p, static_cast<int>(gy.element_size()), false) &&
+        hopper_kernels_may_run(gy) && fwd_sm90_16bit(gy, adj, at::Tensor(), gx))
+      return {gx, false};
+    return {eq_linear_fwd(gy, adj, std::nullopt).to(at::kFloat), false};
   }
   if (!may_gemm) return {eq_linear_fwd(gy, adj, std::nullopt), false};
   at::Tensor gx = at::empty({M, 4 * c}, gy.options());
@@ -665,9 +692,10 @@ void check_bwd_args(const at::Tensor& grad_y, const at::Tensor& t, const at::Ten
 }
 
 // The backward ops' shared body: t is x, or with kept x's planes from eq_linear_fwd_xf (then gemm).
+// With gx_f32 (fp16 / bf16), grad_x is FP32 (grad_x_fused; the GEMM forms widen theirs).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& grad_y, const at::Tensor& t,
                                                    const at::Tensor& planes, bool needs_x, bool needs_p, bool needs_b,
-                                                   bool gemm, bool kept) {
+                                                   bool gemm, bool kept, bool gx_f32) {
   const int64_t d = planes.size(1);
   const at::cuda::CUDAGuard guard(grad_y.device());
   const at::Tensor gy = grad_y.contiguous();
@@ -675,15 +703,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& grad_y, con
   at::Tensor gx = none(), gp = none(), gb = none();
   bool gx_gemm = false;
   at::Tensor gf, g0_sums;  // grad_y's planes, if grad_x's kernel writes them for the GEMM-form weight gradient
-  if (needs_x) std::tie(gx, gx_gemm) = grad_x_fused(gy, planes, gemm, gemm && needs_p ? &gf : nullptr, &g0_sums);
-  if (!needs_p && !needs_b && !gx_gemm) return {gx, gp, gb};
+  if (needs_x)
+    std::tie(gx, gx_gemm) = grad_x_fused(gy, planes, gemm, gx_f32, gemm && needs_p ? &gf : nullptr, &g0_sums);
+  const auto widened = [&](const at::Tensor& g) { return gx_f32 && needs_x ? g.to(at::kFloat) : g; };
+  if (!needs_p && !needs_b && !gx_gemm) return {widened(gx), gp, gb};
   if (!gemm) {
     auto [p, b] = eq_linear_bwd_weight(t, gy);
-    return {gx, needs_p ? p : gp, needs_b ? b : gb};
+    return {widened(gx), needs_p ? p : gp, needs_b ? b : gb};
   }
-  if (!needs_p && !gx_gemm) return {gx, gp, gy.sum(0, false, at::kFloat).view({d, 4}).sum(1).to(gy.scalar_type())};
+  if (!needs_p && !gx_gemm)
+    return {widened(gx), gp, gy.sum(0, false, at::kFloat).view({d, 4}).sum(1).to(gy.scalar_type())};
   bwd_from_planes(gy, gf, g0_sums, t, kept, planes, gx_gemm, needs_p, needs_b, gx, gp, gb);
-  return {gx, gp, gb};
+  return {widened(gx), gp, gb};
 }
 
 // The whole backward in one op (one host call instead of a dozen Python-dispatched ones):
@@ -693,11 +724,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& grad_y, con
 // column blocks (grad_bias from grad_y's column sums) and three GEMMs (bwd_from_planes).
 // Workspace of the GEMM form: grad_y's planes (M, 4d) and x's (M, 4c) in their dtype, and for the
 // GEMM-form grad_x an (M, 4c) FP32 buffer of plane products.
+// grad_x_fp32: grad_x in FP32 (fp16 / bf16 tensors: the backward of eq_linear_fwd_cast, whose input is FP32).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd(const at::Tensor& grad_y, const at::Tensor& x,
                                                              const at::Tensor& planes, bool needs_x, bool needs_p,
-                                                             bool needs_b, bool gemm) {
+                                                             bool needs_b, bool gemm, bool grad_x_fp32) {
   check_bwd_args(grad_y, x, planes, "eq_linear_bwd", "x");
-  return bwd(grad_y, x, planes, needs_x, needs_p, needs_b, gemm, false);
+  return bwd(grad_y, x, planes, needs_x, needs_p, needs_b, gemm, false, grad_x_fp32);
 }
 
 // The backward of eq_linear_fwd_xf: eq_linear_bwd's GEMM form with x's planes xf (M, 4c) = [f0 | f2 | fR
@@ -706,7 +738,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd_xf(const at::Tensor
                                                                 const at::Tensor& planes, bool needs_x, bool needs_p,
                                                                 bool needs_b) {
   check_bwd_args(grad_y, xf, planes, "eq_linear_bwd_xf", "xf");
-  return bwd(grad_y, xf, planes, needs_x, needs_p, needs_b, true, true);
+  return bwd(grad_y, xf, planes, needs_x, needs_p, needs_b, true, true, false);
 }
 
 }  // namespace
@@ -716,11 +748,12 @@ TORCH_LIBRARY(flash_eqlinear, m) {
   m.def("eq_linear_bwd_weight(Tensor x, Tensor grad_y) -> (Tensor, Tensor)");
   m.def("eq_group_dft(Tensor t, bool input, bool sum) -> (Tensor, Tensor)");
   m.def("eq_linear_bwd(Tensor grad_y, Tensor x, Tensor planes, bool needs_x, bool needs_p, bool needs_b, "
-        "bool gemm) -> (Tensor, Tensor, Tensor)");
+        "bool gemm, bool grad_x_fp32=False) -> (Tensor, Tensor, Tensor)");
   m.def("eq_linear_fwd_xf(Tensor x, Tensor planes, Tensor? bias) -> (Tensor, Tensor)");
   m.def("eq_linear_bwd_xf(Tensor grad_y, Tensor xf, Tensor planes, bool needs_x, bool needs_p, bool needs_b) "
         "-> (Tensor, Tensor, Tensor)");
   m.def("eq_linear_fwd_gelu(Tensor x, Tensor planes, Tensor? bias) -> Tensor");
+  m.def("eq_linear_fwd_cast(Tensor x, Tensor planes, Tensor? bias) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
@@ -731,6 +764,7 @@ TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
   m.impl("eq_linear_fwd_xf", &eq_linear_fwd_xf);
   m.impl("eq_linear_bwd_xf", &eq_linear_bwd_xf);
   m.impl("eq_linear_fwd_gelu", &eq_linear_fwd_gelu);
+  m.impl("eq_linear_fwd_cast", &eq_linear_fwd_cast);
 }
 
 }  // namespace flash_eqlinear

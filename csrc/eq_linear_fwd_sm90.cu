@@ -67,6 +67,7 @@
 // Requirements (checked by the host, which otherwise falls back to the portable kernels): an sm_90
 // device running sm_90a code, c % 8 == 0 (TMA row strides are multiples of 16 bytes), d even, x,
 // planes and y 16-byte aligned, bias 4-byte aligned, M < 2^31 - 128 (TMA coordinates are 32-bit).
+// An FP32 y (FwdParams::y_f32) with fp16 / bf16 inputs: the plain variant only (no xf, no GELU).
 
 #include <algorithm>
 #include <cstdint>
@@ -157,8 +158,9 @@ __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t
 }
 
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
-// kGelu: the epilogue stores GELU of the output (FwdParams::gelu).
-template <class T, int kCl, bool kGelu>
+// kGelu: the epilogue stores GELU of the output (FwdParams::gelu). kF32Out (16-bit T): y is FP32
+// (FwdParams::y_f32), stored as the TF32 kernel stores it.
+template <class T, int kCl, bool kGelu, bool kF32Out = false>
 __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
                                         int num_tiles) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -171,7 +173,8 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
   const uint64_t desc0 = wgmma_desc_sw64(base + 2 * kXSub);  // stage 0, plane P0, k16 step 0
   const int KT = p.k_tiles;
   const T* bias = static_cast<const T*>(p.bias);
-  T* y = static_cast<T*>(p.y);
+  using TOut = std::conditional_t<kF32Out, float, T>;
+  TOut* y = static_cast<TOut*>(p.y);
 
   uint32_t it = 0;  // k tiles consumed so far, over all tiles: stage it % kStages, phase (it / kStages) & 1
   // Releases a stage: to this CTA's producer, and with a cluster to the partner's, which multicasts
@@ -263,7 +266,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
       for (int r8 = 0; r8 < 2; ++r8) {
         const int64_t m = static_cast<int64_t>(m0) + row + 8 * r8;
         if (m >= p.M) continue;
-        if constexpr (sizeof(T) == 2) {
+        if constexpr (sizeof(TOut) == 2) {
           uint32_t out[2][2];
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
@@ -279,7 +282,11 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const int e = 2 * r8 + i;
-            float4 r = inverse_dft4_f32(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i]);
+            float4 r;
+            if constexpr (sizeof(T) == 2)  // an FP32 y of 16-bit inputs (kF32Out): fp16's products are halved
+              r = inverse_dft4_f32<Elem<T>::kHalve>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i]);
+            else
+              r = inverse_dft4_f32(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i]);
             if constexpr (kGelu) r = make_float4(gelu_f32(r.x), gelu_f32(r.y), gelu_f32(r.z), gelu_f32(r.w));
             *reinterpret_cast<float4*>(y + (m * p.d + o + i) * 4) = r;
           }
@@ -349,8 +356,9 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uin
 // kCl = 2 (plain variant only): clusters of two CTAs on the same m tile and adjacent n tiles. Each
 // producer loads one of a stage's two x sub-tiles and multicasts it to both CTAs, so x is read from
 // L2 once per pair; each releases a stage only when the consumers of both CTAs have read it.
-// kGelu (plain variant): the epilogue stores GELU of the output.
-template <class T, bool kXf, int kCl = 1, bool kGelu = false>
+// kGelu (plain variant): the epilogue stores GELU of the output. kF32Out (plain variant, 16-bit T): an
+// FP32 y (FwdParams::y_f32).
+template <class T, bool kXf, int kCl = 1, bool kGelu = false, bool kF32Out = false>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
                           const Sm90Params p) {
@@ -362,6 +370,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
   const int num_tiles = p.num_m * p.num_ng;  // steps of the walk (one per cluster)
   static_assert(kCl == 1 || (kCl == 2 && !kXf), "clusters of two, plain variant only");
   static_assert(!kGelu || !kXf, "the GELU epilogue: plain variant");
+  static_assert(!kF32Out || (!kXf && !kGelu && sizeof(T) == 2), "the FP32 epilogue: plain 16-bit variant");
   const int rank = kCl == 1 ? 0 : static_cast<int>(cluster_ctarank());
 
   constexpr bool writes_xf = kXf && sizeof(T) == 2;
@@ -419,7 +428,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     }
   } else {
     setmaxnreg_inc<kXf ? 224 : 240>();
-    consume<T, kCl, kGelu>(p, base, full_bar, empty_bar, num_tiles);
+    consume<T, kCl, kGelu, kF32Out>(p, base, full_bar, empty_bar, num_tiles);
     // No CTA exits while its partner may still write to it or arrive on its barriers: every multicast
     // into a CTA and every remote arrival precedes its partner's consumers' last wait or arrival.
     // (The cluster barrier waits for the threads that have not exited: the producer warps need not
@@ -461,7 +470,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   if (!sm90_path_enabled() || p.M <= 0 || p.M > 0x7fffffff - kBM || (p.c * kE) % 16 != 0 || p.d % 2 != 0 ||
       p.c > 0x3fffffff / 4 || p.d > 0x7fffffff - kBN || !aligned16(p.x) || !aligned16(p.planes) || !aligned16(p.y) ||
       reinterpret_cast<uintptr_t>(p.bias) % (2 * kE) != 0 || (p.xf != nullptr && (kE == 4 || !aligned16(p.xf))) ||
-      (p.gelu && p.xf != nullptr))
+      (p.gelu && p.xf != nullptr) || (p.y_f32 && (p.gelu || p.xf != nullptr)))
     return cudaSuccess;
   int dev = 0, major = 0, smem_optin = 0, num_sms = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -474,6 +483,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
 
   const int64_t num_m = (p.M + kBM - 1) / kBM, num_n = (p.d + kBN - 1) / kBN;
   if (num_m * num_n > 0x7fffffff - 1024) return cudaSuccess;  // int tile ids (+ the grid stride)
+  const bool f32_out = p.y_f32 && kE == 2;  // (TF32's y is FP32 anyway)
 
   CUtensorMap tm_x, tm_p;
   const cuuint64_t x_dims[2] = {static_cast<cuuint64_t>(4 * p.c), static_cast<cuuint64_t>(p.M)};
@@ -504,7 +514,9 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   // once per group: groups of 8 m tiles read them a quarter as often.
   kp.group_m = 4 * kE * p.c * p.d <= (int64_t{32} << 20) ? 2 : 8;
   if (p.xf == nullptr && num_n > 1 && sm90_clusters(num_n, kE)) {  // clusters of two sharing x (the kernel, kCl)
-    auto kernel = p.gelu ? eq_linear_fwd_sm90_kernel<T, false, 2, true> : eq_linear_fwd_sm90_kernel<T, false, 2>;
+    auto kernel = p.gelu    ? eq_linear_fwd_sm90_kernel<T, false, 2, true>
+                  : f32_out ? eq_linear_fwd_sm90_kernel<T, false, 2, false, kE == 2>
+                            : eq_linear_fwd_sm90_kernel<T, false, 2>;
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     kp.num_ng = static_cast<int>((num_n + 1) / 2);
@@ -542,6 +554,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.num_ng = kp.num_n;
   auto kernel = p.xf != nullptr ? eq_linear_fwd_sm90_kernel<T, true>
                 : p.gelu        ? eq_linear_fwd_sm90_kernel<T, false, 1, true>
+                : f32_out       ? eq_linear_fwd_sm90_kernel<T, false, 1, false, kE == 2>
                                 : eq_linear_fwd_sm90_kernel<T, false>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;

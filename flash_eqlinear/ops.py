@@ -173,7 +173,7 @@ if kernels_available():
         return "gemm" if c * d >= min_cd else "fused"
 
     @torch.library.register_fake("flash_eqlinear::eq_linear_bwd")
-    def _eq_linear_bwd_fake(grad_y, x, planes, needs_x, needs_p, needs_b, gemm):
+    def _eq_linear_bwd_fake(grad_y, x, planes, needs_x, needs_p, needs_b, gemm, grad_x_fp32=False):
         d, c = planes.shape[1], planes.shape[2]
         torch._check(
             x.dim() == 2
@@ -189,7 +189,7 @@ if kernels_available():
             ),
         )
         return (
-            grad_y.new_empty(x.shape if needs_x else (0,)),
+            grad_y.new_empty(x.shape if needs_x else (0,), dtype=torch.float32 if grad_x_fp32 else None),
             grad_y.new_empty((4, d, c) if needs_p else (0,)),
             grad_y.new_empty((d,) if needs_b else (0,)),
         )
@@ -215,22 +215,59 @@ if kernels_available():
 
     def _backward(ctx, grad_y):
         x, planes = ctx.saved_tensors[:2]
+        return _grads(ctx, grad_y, x, planes, False)
+
+    def _grads(ctx, grad_y, x, planes, gx_fp32: bool):
+        """(grad_x, grad_planes, grad_bias) of a layer with input x (as the kernels took it) as the
+        context asks for them; gx_fp32: grad_x in FP32 (eq_linear_fwd_cast's x)."""
         needs_x, needs_p = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         needs_b = ctx.has_bias and ctx.needs_input_grad[2]
         if torch.is_grad_enabled():
-            return _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b)
+            gx, gp, gb = _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b)
+            return gx.float() if gx_fp32 and gx is not None else gx, gp, gb
         mode = weight_grad_mode(planes.shape[2], planes.shape[1], x.dtype, x.device.index)
         ref = mode == "reference" and (needs_p or needs_b)
         # One op for the rest (grad_x: the forward kernel on the adjoint planes; the weight: the fused
         # kernel or group DFTs + GEMMs): the host cost of a backward is one call, not a dozen.
         gx, gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd(
-            grad_y, x, planes, needs_x, needs_p and not ref, needs_b and not ref, mode == "gemm"
+            grad_y, x, planes, needs_x, needs_p and not ref, needs_b and not ref, mode == "gemm", gx_fp32
         )
         if ref:
             _, gp, gb = reference.fourier_eq_linear_backward(grad_y, x, planes, (False, needs_p, needs_b))
         return gx if needs_x else None, gp if needs_p else None, gb if needs_b else None
 
     torch.library.register_autograd("flash_eqlinear::eq_linear_fwd", _backward, setup_context=_setup_context)
+
+    # ---- An FP32 input under autocast (eq_linear_fwd_cast): rounded in the op, grad_x in FP32 ----
+    @torch.library.register_fake("flash_eqlinear::eq_linear_fwd_cast")
+    def _eq_linear_fwd_cast_fake(x, planes, bias):
+        torch._check(
+            x.dtype == torch.float32 and planes.dtype in (torch.float16, torch.bfloat16),
+            lambda: (
+                f"eq_linear_fwd_cast: want a float32 x and float16 / bfloat16 planes, got {x.dtype}, "
+                f"{planes.dtype}"
+            ),
+        )
+        torch._check(x.dim() == 2, lambda: f"eq_linear_fwd_cast: x must be 2-D (M, 4c), got {tuple(x.shape)}")
+        x_low = x.new_empty(x.shape, dtype=planes.dtype)
+        return _eq_linear_fwd_fake(x_low, planes, bias), x_low
+
+    def _setup_context_cast(ctx, inputs, output):
+        _, planes, bias = inputs
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(output[1], planes)  # x as the kernels took it
+        ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)  # no zeros for the rounded x's (unused) gradient
+
+    def _backward_cast(ctx, grad_y, _grad_x_low):
+        if grad_y is None:
+            return None, None, None
+        x_low, planes = ctx.saved_tensors
+        return _grads(ctx, grad_y, x_low, planes, True)
+
+    torch.library.register_autograd(
+        "flash_eqlinear::eq_linear_fwd_cast", _backward_cast, setup_context=_setup_context_cast
+    )
 
     # ---- GELU(layer) in one kernel (flash_eq_mlp's inference path) ----
     @torch.library.register_fake("flash_eqlinear::eq_linear_fwd_gelu")
@@ -344,24 +381,46 @@ def _sm90(device_index: int | None) -> bool:
     return enabled and torch.cuda.get_device_capability(device_index)[0] == 9
 
 
-def autocast_inputs(x, weight, bias):
-    """Cast (x, weight, bias) as autocast would for nn.Linear: floating-point tensors other than
-    float64 go to the autocast dtype; anything else is left for the input checks to reject."""
-    if not isinstance(x, torch.Tensor):
-        return x, weight, bias
+def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype autocast casts x's device type to, or None where autocast is off there."""
     dev = x.device.type
     # Only state queries that torch.compile constant-folds (torch.amp.is_autocast_available is not).
     if not torch._C._is_any_autocast_enabled() or dev not in _AUTOCAST_DEVICES:
+        return None
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+
+
+def autocast_inputs(x, weight, bias, cast_x: bool = True):
+    """Cast (x, weight, bias) as autocast would for nn.Linear: floating-point tensors other than
+    float64 go to the autocast dtype; anything else is left for the input checks to reject.
+    ``cast_x=False`` leaves x as it is."""
+    cast = _autocast_dtype(x) if isinstance(x, torch.Tensor) else None
+    if cast is None:
         return x, weight, bias
-    if not torch.is_autocast_enabled(dev):
-        return x, weight, bias
-    cast = torch.get_autocast_dtype(dev)
 
     def to(t):
         eligible = isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
         return t.to(cast) if eligible else t
 
-    return to(x), to(weight), to(bias)
+    return to(x) if cast_x else x, to(weight), to(bias)
+
+
+def _keeps_fp32_input(x, weight, group_size) -> bool:
+    """Whether an FP32 x that autocast would cast to fp16 / bf16 goes to the fused kernels as it is:
+    in training (x needs its gradient) on the CUDA path, eq_linear_fwd_cast rounds it in the op and its
+    backward writes grad_x in FP32 from the kernel, which saves the cast's backward (a 16-bit -> FP32 pass
+    over grad_x) after every layer fed by an FP32 op such as LayerNorm. Same values as casting first, but
+    grad_x is not rounded to 16 bits. ``FLASH_EQLINEAR_FUSED_CAST=0`` casts first (read when called; under
+    torch.compile, when traced)."""
+    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
+        return False
+    if x.dtype != torch.float32 or not (x.requires_grad and torch.is_grad_enabled()):
+        return False
+    if not weight.is_floating_point() or weight.dtype == torch.float64:
+        return False
+    if os.environ.get("FLASH_EQLINEAR_FUSED_CAST", "1").strip() == "0":
+        return False
+    return _autocast_dtype(x) in (torch.float16, torch.bfloat16) and backend_for(x, group_size) == "cuda"
 
 
 def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torch.Tensor:
@@ -373,11 +432,14 @@ def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torc
     epilogue (the fp16 / bf16 fused kernels, and the TF32 one on Hopper GPUs; elsewhere, e.g. exact FP32,
     GELU runs as its own pass): no pass over the hidden activation remains. In training it runs the three
     calls (fusing GELU there measured slower). ``FLASH_EQLINEAR_FUSED_MLP=0`` runs the three calls always.
-    Under ``torch.autocast`` it casts like ``nn.Linear``.
+    Under ``torch.autocast`` it casts like ``nn.Linear`` (an FP32 x in training as
+    :func:`flash_eq_linear` takes it).
     """
-    x, weight1, bias1 = autocast_inputs(x, weight1, bias1)
-    _, weight2, bias2 = autocast_inputs(x, weight2, bias2)
-    T, c, h = reference.check_inputs(x, weight1, bias1, group_size, "planes")
+    keep32 = _keeps_fp32_input(x, weight1, group_size)
+    x, weight1, bias1 = autocast_inputs(x, weight1, bias1, cast_x=not keep32)
+    _, weight2, bias2 = autocast_inputs(x, weight2, bias2, cast_x=False)
+    x_dtype = weight1.dtype if keep32 else None
+    T, c, h = reference.check_inputs(x, weight1, bias1, group_size, "planes", input_dtype=x_dtype)
     if not isinstance(weight2, torch.Tensor) or weight2.dim() != 3 or weight2.shape[::2] != (T, h):
         got = tuple(weight2.shape) if isinstance(weight2, torch.Tensor) else type(weight2).__name__
         raise ValueError(
@@ -407,10 +469,14 @@ def flash_eq_linear(x, weight, bias=None, group_size: int = 4) -> torch.Tensor:
     In training (grad enabled, weight requiring grad), layers whose weight gradient takes the GEMM form
     keep x's Fourier planes for the backward instead of x, the same memory, where the forward makes them
     anyway (the GEMM form) or nearly so (the Hopper kernel's writers) (``_gemm_training_forward``;
-    ``FLASH_EQLINEAR_KEEP_PLANES=0``: x).
+    ``FLASH_EQLINEAR_KEEP_PLANES=0``: x). Otherwise an FP32 x that needs its gradient under fp16 / bf16
+    autocast is rounded inside the op, and grad_x comes back in FP32 from the kernel
+    (``_keeps_fp32_input``).
     """
-    x, weight, bias = autocast_inputs(x, weight, bias)
-    T, c, d = reference.check_inputs(x, weight, bias, group_size, "planes")
+    keep32 = _keeps_fp32_input(x, weight, group_size)
+    x, weight, bias = autocast_inputs(x, weight, bias, cast_x=not keep32)
+    x_dtype = weight.dtype if keep32 else None
+    T, c, d = reference.check_inputs(x, weight, bias, group_size, "planes", input_dtype=x_dtype)
     if backend_for(x, T) == "reference":
         if reference_form(x, T, c, d) == "fourier":
             return reference.fourier_eq_linear(x, weight, bias, T)
@@ -422,12 +488,15 @@ def flash_eq_linear(x, weight, bias=None, group_size: int = 4) -> torch.Tensor:
     x2 = x.reshape(-1, c * T)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
-    if (
+    keeps_planes = (
         torch.is_grad_enabled()
         and weight.requires_grad
-        and _gemm_training_forward(x2.dtype, c, d, x2.device.index)
-    ):
-        y, _ = torch.ops.flash_eqlinear.eq_linear_fwd_xf(x2, weight.contiguous(), bias)
+        and _gemm_training_forward(weight.dtype, c, d, x2.device.index)
+    )
+    if keep32 and not keeps_planes:
+        y, _ = torch.ops.flash_eqlinear.eq_linear_fwd_cast(x2, weight.contiguous(), bias)
+    elif keeps_planes:
+        y, _ = torch.ops.flash_eqlinear.eq_linear_fwd_xf(x2.to(weight.dtype), weight.contiguous(), bias)
     else:
         y = torch.ops.flash_eqlinear.eq_linear_fwd(x2, weight.contiguous(), bias)
     return y.reshape(*lead, d * T)

@@ -46,10 +46,12 @@ def as_group_weight(w: torch.Tensor) -> torch.Tensor:
     return w
 
 
-def check_inputs(x, weight, bias, group_size, layout: str) -> tuple[int, int, int]:
+def check_inputs(x, weight, bias, group_size, layout: str, input_dtype=None) -> tuple[int, int, int]:
     """Validate an EQ-Linear call and return ``(T, c, d)``.
 
     ``layout`` is ``"planes"`` for weights ``(T, d, c)`` and ``"group"`` for ``(d, c, T)``.
+    ``input_dtype``: the dtype the layer takes x in where that is not x's own (an FP32 x that the op
+    rounds to the weight's dtype); default x's.
     Raises TypeError for non-tensors and non-float dtypes, ValueError for shapes and group size,
     RuntimeError for dtype or device mismatches.
     """
@@ -73,8 +75,8 @@ def check_inputs(x, weight, bias, group_size, layout: str) -> tuple[int, int, in
             f"input's last dimension must be in_features = c*T = {c}*{T} = {c * T}, "
             f"got input of shape {tuple(x.shape)}"
         )
-    if x.dtype != weight.dtype:
-        raise RuntimeError(f"input dtype {x.dtype} does not match weight dtype {weight.dtype}")
+    if (input_dtype or x.dtype) != weight.dtype:
+        raise RuntimeError(f"input dtype {input_dtype or x.dtype} does not match weight dtype {weight.dtype}")
     if x.device != weight.device:
         raise RuntimeError(f"input is on {x.device} but weight is on {weight.device}")
     if bias is not None:

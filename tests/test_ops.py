@@ -113,3 +113,22 @@ def test_mlp_autocast_and_misuse():
         fe.flash_eq_mlp(x[:, :-1], w1, None, w2, None)
     with pytest.raises(RuntimeError, match="dtype"):
         fe.flash_eq_mlp(x, w1, None, w2.double(), None)
+
+
+def test_fp32_input_stays_fp32_only_on_the_kernels():
+    # Off the fused kernels (here: the CPU) an FP32 x needing its gradient is cast by autocast as before;
+    # the input check takes the dtype the layer will see.
+    from flash_eqlinear.ops import _keeps_fp32_input, autocast_inputs
+
+    x, w = torch.randn(5, 32, requires_grad=True), torch.randn(4, 8, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not _keeps_fp32_input(x, w, 4)
+        xc, wc, _ = autocast_inputs(x, w, None, cast_x=False)
+        assert xc is x and wc.dtype == torch.bfloat16
+        y = fe.flash_eq_linear(x, w)
+        assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32
+    assert reference.check_inputs(x, wc, None, 4, "planes", input_dtype=torch.bfloat16) == (4, 8, 8)
+    with pytest.raises(RuntimeError, match="input dtype torch.float16 does not match"):
+        reference.check_inputs(x, wc, None, 4, "planes", input_dtype=torch.float16)
