@@ -255,8 +255,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int o = n0 + 8 * j + 2 * t;
-      // d even: o + 1 < d too. (An FP32 y: every lane takes part in the exchange below; stores checked.)
-      if (sizeof(TOut) == 2 && o >= p.d) continue;
+      if (o >= p.d) continue;  // d even: o + 1 < d too
       float2 bo2;
       if constexpr (sizeof(T) == 2)
         bo2 = Elem<T>::unpack(bias2[j]);
@@ -266,7 +265,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
 #pragma unroll
       for (int r8 = 0; r8 < 2; ++r8) {
         const int64_t m = static_cast<int64_t>(m0) + row + 8 * r8;
-        if (sizeof(TOut) == 2 && m >= p.M) continue;
+        if (m >= p.M) continue;
         if constexpr (sizeof(TOut) == 2) {
           uint32_t out[2][2];
 #pragma unroll
@@ -279,30 +278,17 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
             }
           }
           *reinterpret_cast<uint4*>(y + (m * p.d + o) * 4) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
-        } else {  // FP32 y: channels o and o + 1 are 32 bytes, one sector
-          float4 r[2];
+        } else {  // two 16-byte stores: channels o and o + 1
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const int e = 2 * r8 + i;
+            float4 r;
             if constexpr (sizeof(T) == 2)  // an FP32 y of 16-bit inputs (kF32Out): fp16's products are halved
-              r[i] = inverse_dft4_f32<Elem<T>::kHalve>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i]);
+              r = inverse_dft4_f32<Elem<T>::kHalve>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i]);
             else
-              r[i] = inverse_dft4_f32(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i]);
-            if constexpr (kGelu)
-              r[i] = make_float4(gelu_f32(r[i].x), gelu_f32(r[i].y), gelu_f32(r[i].z), gelu_f32(r[i].w));
-          }
-          // Two 16-byte stores per lane, each filling whole sectors: lanes 2s, 2s+1 (channels o, o+1 and
-          // o+2, o+3) swap o+1 and o+2, so that the first store writes o, o+1 and the second o+2, o+3.
-          // (Each lane writing its own pair leaves every sector half-written per store: measured 35%
-          // slower than the 16-bit store at ViT-B's grad_x.)
-          const bool odd = t & 1;
-          const float4 give = odd ? r[0] : r[1];
-          const float4 got = make_float4(__shfl_xor_sync(0xffffffffu, give.x, 1), __shfl_xor_sync(0xffffffffu, give.y, 1),
-                                         __shfl_xor_sync(0xffffffffu, give.z, 1), __shfl_xor_sync(0xffffffffu, give.w, 1));
-          const int ch = odd ? o - 1 : o;  // the first store's channel; the second's is ch + 2
-          if (m < p.M) {
-            if (ch < p.d) *reinterpret_cast<float4*>(y + (m * p.d + ch) * 4) = odd ? got : r[0];
-            if (ch + 2 < p.d) *reinterpret_cast<float4*>(y + (m * p.d + ch + 2) * 4) = odd ? r[1] : got;
+              r = inverse_dft4_f32(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i]);
+            if constexpr (kGelu) r = make_float4(gelu_f32(r.x), gelu_f32(r.y), gelu_f32(r.z), gelu_f32(r.w));
+            *reinterpret_cast<float4*>(y + (m * p.d + o + i) * 4) = r;
           }
         }
       }
