@@ -194,7 +194,7 @@ for M, c, h in [(129, 48, 136), (257, 64, 66)] if "mlp" in DIRECTIONS else ():
     assert rel_err(a, torch.nn.functional.gelu(fp64_forward(x, w1, b1))) < 5e-3, ("gelu tf32", M, c, h)
 torch.backends.cuda.matmul.allow_tf32 = False
 # An FP32 x under autocast: eq_linear_fwd_cast, and grad_x in FP32 (the Hopper kernel's FP32 epilogue;
-# clusters of two at c = 512; c = 59: the mma.sync kernel's, widened).
+# clusters of two at c = 512; c = 59 and FLASH_EQLINEAR_SM90=0: the mma.sync kernel's).
 for dtype in (torch.float16, torch.bfloat16) if "cast" in DIRECTIONS else ():
     for M, c, d in [(1000, 192, 576), (300, 512, 64), (129, 48, 40), (257, 59, 48)]:
         x, planes, b = layer(M, c, d)
@@ -202,9 +202,11 @@ for dtype in (torch.float16, torch.bfloat16) if "cast" in DIRECTIONS else ():
         y, xl = torch.ops.flash_eqlinear.eq_linear_fwd_cast(x, p, bl)
         assert rel_err(y, fp64_forward(xl, p, bl)) < TOL[dtype], ("cast", dtype, M, c, d)
         gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
-        gx, _, _ = torch.ops.flash_eqlinear.eq_linear_bwd(gy, xl, p, True, False, False, False, True)
         want = fp64_forward(gy, reference.adjoint_planes(p), None)
-        assert gx.dtype == torch.float32 and rel_err(gx, want) < TOL[dtype], ("cast grad_x", dtype, M, c, d)
+        for sm90 in ("1", "0"):
+            with env_switch("FLASH_EQLINEAR_SM90", sm90):
+                gx, _, _ = torch.ops.flash_eqlinear.eq_linear_bwd(gy, xl, p, True, False, False, False, True)
+            assert gx.dtype == torch.float32 and rel_err(gx, want) < TOL[dtype], ("cast gx", M, c, d, sm90)
 # Group DFT alone (its shared-memory column-sum reduction; each channels-per-thread width).
 for dtype in (torch.float32, torch.float16, torch.bfloat16) if "dft" in DIRECTIONS else ():
     for M, n in [(1, 1), (129, 59), (33, 6), (4097, 64), (3001, 300), (20000, 2), (5000, 48)]:

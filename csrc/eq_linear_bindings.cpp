@@ -570,8 +570,8 @@ std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool inp
 // for fp16 / bf16 as products_form says. Returns (grad_x, false), or (an empty tensor, true) when grad_x
 // is left to the GEMM form (bwd_from_planes). With gf and the Hopper kernel, that kernel also writes
 // grad_y's planes [g0 | g2 | gR | gI] (M, 4d) into *gf and g0's partial column sums in FP32 into *g0_sums
-// (else both stay undefined). With f32 (fp16 / bf16 grad_y, not the GEMM form), grad_x is FP32: stored
-// unrounded by the Hopper kernel where it runs, else rounded to grad_y's dtype and widened.
+// (else both stay undefined). With f32 (fp16 / bf16 grad_y, not the GEMM form), grad_x is FP32, stored
+// unrounded by the Hopper or mma.sync kernel (the narrow kernel's is rounded to grad_y's dtype and widened).
 std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor& planes, bool gemm_ok, bool f32,
                                          at::Tensor* gf = nullptr, at::Tensor* g0_sums = nullptr) {
   const bool may_gemm = gemm_ok && gy.scalar_type() != at::kFloat && products_form() != ProductsForm::kFused;
@@ -589,11 +589,20 @@ std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor&
   }
   if (!may_gemm && f32 && gy.scalar_type() != at::kFloat) {
     at::Tensor gx = at::empty({M, 4 * c}, gy.options().dtype(at::kFloat));
-    const FwdParams p{gy.data_ptr(), adj.data_ptr(), nullptr, gx.data_ptr(), M, d, c};  // grad_x: K = d
-    if (!eq_linear_fwd_narrow_applies(p, static_cast<int>(gy.element_size()), false) &&
-        hopper_kernels_may_run(gy) && fwd_sm90_16bit(gy, adj, at::Tensor(), gx))
-      return {gx, false};
-    return {eq_linear_fwd(gy, adj, std::nullopt).to(at::kFloat), false};
+    FwdParams p{gy.data_ptr(), adj.data_ptr(), nullptr, gx.data_ptr(), M, d, c};  // grad_x: K = d
+    p.y_f32 = true;
+    // As eq_linear_fwd would run it (fwd): the narrow kernel and the GEMM form round, then widen.
+    const ProductsForm form = products_form();
+    const bool gemm_form = form == ProductsForm::kGemm || (form == ProductsForm::kAuto && c * d >= kGemmFwdMinCD);
+    const bool sm90 = form == ProductsForm::kAuto && hopper_kernels_may_run(gy);
+    if (gemm_form && sm90 && fwd_sm90_16bit(gy, adj, at::Tensor(), gx)) return {gx, false};
+    if (gemm_form || eq_linear_fwd_narrow_applies(p, static_cast<int>(gy.element_size()), false))
+      return {eq_linear_fwd(gy, adj, std::nullopt).to(at::kFloat), false};
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    const cudaError_t err = gy.scalar_type() == at::kHalf ? eq_linear_fwd_fp16(p, stream) : eq_linear_fwd_bf16(p, stream);
+    TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: grad_x kernel launch failed (M=", num(M), ", in=", num(d),
+                ", out=", num(c), "): ", cudaGetErrorString(err));
+    return {gx, false};
   }
   if (!may_gemm) return {eq_linear_fwd(gy, adj, std::nullopt), false};
   at::Tensor gx = at::empty({M, 4 * c}, gy.options());

@@ -44,9 +44,9 @@ struct FwdParams {
   // (the exact, erf form) of the result rounded to y's dtype, as GELU applied to the stored result
   // computes it.
   bool gelu = false;
-  // Optional, the fp16 / bf16 Hopper kernel only (the other launchers return cudaErrorNotSupported when
-  // set): y is FP32 (M, d, 4), the result unrounded, while x, planes and bias are fp16 / bf16 (grad_x of
-  // an FP32 input that autocast runs in 16 bits). Not with xf or gelu.
+  // Optional, the fp16 / bf16 kernels (Hopper and mma.sync; the exact FP32 and narrow launchers return
+  // cudaErrorNotSupported when set): y is FP32 (M, d, 4), the result unrounded, while x, planes and bias
+  // are fp16 / bf16 (grad_x of an FP32 input that autocast runs in 16 bits). Not with xf or gelu.
   bool y_f32 = false;
 };
 

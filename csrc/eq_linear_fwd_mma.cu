@@ -85,7 +85,7 @@ struct KParams {
   int64_t M;
   int c, d;
   int k_tiles;
-  int y_vec16;  // d even and y 16-byte aligned: STG.128 per (row, o pair)
+  int y_vec16;  // d even and y 16-byte aligned: STG.128 per (row, o pair); FP32 y: aligned, per (row, o)
   int y_vec8;   // y 8-byte aligned: STG.64 per (row, o)
   int x_align8; // general path: x 8-byte aligned, so one channel is one 8-byte cp.async
 };
@@ -96,8 +96,8 @@ template <> constexpr int kLargeMinC<__nv_bfloat16> = 1536;
 
 // ---- the kernel --------------------------------------------------------------------------------
 // kFast: 16-byte cp.async (c % 8 == 0, x and planes 16-byte aligned); else the general loader.
-// kGelu: the epilogue stores GELU of the output (FwdParams::gelu).
-template <class T, class C, bool kFast, bool kGelu>
+// kGelu: the epilogue stores GELU of the output (FwdParams::gelu). kF32Out: y is FP32 (FwdParams::y_f32).
+template <class T, class C, bool kFast, bool kGelu, bool kF32Out = false>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 eq_linear_fwd_mma_kernel(const KParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -325,7 +325,6 @@ eq_linear_fwd_mma_kernel(const KParams p) {
 
   // ---- epilogue: y[m][o][0..3] from (a0, a2, aR, aI), + bias (kGelu: GELU of that) ----
   const T* bias = static_cast<const T*>(p.bias);
-  T* y = static_cast<T*>(p.y);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int o = n0 + warp_n * C::kWN + nt * 8 + 2 * tid4;
@@ -342,32 +341,48 @@ eq_linear_fwd_mma_kernel(const KParams p) {
       for (int r8 = 0; r8 < 2; ++r8) {
         const int64_t row = m0 + warp_m * C::kWM + mt * 16 + r8 * 8 + gid;
         if (row >= M) continue;
-        uint32_t out[2][2];  // [o, o+1][(y0, y1), (y2, y3)]
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int e = 2 * r8 + j;
-          inverse_dft4<T>(acc[0][mt][nt][e], acc[1][mt][nt][e], acc[2][mt][nt][e], acc[3][mt][nt][e], bo[j],
-                          out[j][0], out[j][1]);
-          if constexpr (kGelu) {
-            out[j][0] = gelu_pair<T>(out[j][0]);
-            out[j][1] = gelu_pair<T>(out[j][1]);
-          }
-        }
-        T* dst = y + (row * d + o) * 4;
-        if (p.y_vec16) {  // d even, so o + 1 < d too
-          *reinterpret_cast<uint4*>(dst) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
-        } else {
+        if constexpr (kF32Out) {  // one 16-byte store per channel (y_vec16: y 16-byte aligned)
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             if (j == 1 && !o1_ok) break;
-            if (p.y_vec8) {
-              *reinterpret_cast<uint2*>(dst + 4 * j) = make_uint2(out[j][0], out[j][1]);
+            const int e = 2 * r8 + j;
+            const float4 r = inverse_dft4_f32<Elem<T>::kHalve>(acc[0][mt][nt][e], acc[1][mt][nt][e],
+                                                               acc[2][mt][nt][e], acc[3][mt][nt][e], bo[j]);
+            float* dst = static_cast<float*>(p.y) + (row * d + o + j) * 4;
+            if (p.y_vec16) {
+              *reinterpret_cast<float4*>(dst) = r;
             } else {
-              unsigned short* ds = reinterpret_cast<unsigned short*>(dst + 4 * j);
-              ds[0] = static_cast<unsigned short>(out[j][0]);
-              ds[1] = static_cast<unsigned short>(out[j][0] >> 16);
-              ds[2] = static_cast<unsigned short>(out[j][1]);
-              ds[3] = static_cast<unsigned short>(out[j][1] >> 16);
+              dst[0] = r.x, dst[1] = r.y, dst[2] = r.z, dst[3] = r.w;
+            }
+          }
+        } else {
+          uint32_t out[2][2];  // [o, o+1][(y0, y1), (y2, y3)]
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int e = 2 * r8 + j;
+            inverse_dft4<T>(acc[0][mt][nt][e], acc[1][mt][nt][e], acc[2][mt][nt][e], acc[3][mt][nt][e], bo[j],
+                            out[j][0], out[j][1]);
+            if constexpr (kGelu) {
+              out[j][0] = gelu_pair<T>(out[j][0]);
+              out[j][1] = gelu_pair<T>(out[j][1]);
+            }
+          }
+          T* dst = static_cast<T*>(p.y) + (row * d + o) * 4;
+          if (p.y_vec16) {  // d even, so o + 1 < d too
+            *reinterpret_cast<uint4*>(dst) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
+          } else {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              if (j == 1 && !o1_ok) break;
+              if (p.y_vec8) {
+                *reinterpret_cast<uint2*>(dst + 4 * j) = make_uint2(out[j][0], out[j][1]);
+              } else {
+                unsigned short* ds = reinterpret_cast<unsigned short*>(dst + 4 * j);
+                ds[0] = static_cast<unsigned short>(out[j][0]);
+                ds[1] = static_cast<unsigned short>(out[j][0] >> 16);
+                ds[2] = static_cast<unsigned short>(out[j][1]);
+                ds[3] = static_cast<unsigned short>(out[j][1] >> 16);
+              }
             }
           }
         }
@@ -378,8 +393,10 @@ eq_linear_fwd_mma_kernel(const KParams p) {
 
 // ---- host side -----------------------------------------------------------------------------------
 template <class T, class C, bool kFast>
-cudaError_t launch(const KParams& kp, int64_t num_m, int64_t num_n, cudaStream_t stream, bool gelu) {
-  auto kernel = gelu ? eq_linear_fwd_mma_kernel<T, C, kFast, true> : eq_linear_fwd_mma_kernel<T, C, kFast, false>;
+cudaError_t launch(const KParams& kp, int64_t num_m, int64_t num_n, cudaStream_t stream, bool gelu, bool f32) {
+  auto kernel = gelu  ? eq_linear_fwd_mma_kernel<T, C, kFast, true>
+                : f32 ? eq_linear_fwd_mma_kernel<T, C, kFast, false, true>
+                      : eq_linear_fwd_mma_kernel<T, C, kFast, false>;
   if (C::kSmem > 48 * 1024) {
     const cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
@@ -394,7 +411,7 @@ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <class T>
 cudaError_t eq_linear_fwd_mma(const FwdParams& p, cudaStream_t stream) {
-  if (p.y_f32) return cudaErrorNotSupported;  // (the Hopper kernel's option)
+  if (p.gelu && p.y_f32) return cudaErrorNotSupported;
   if (p.M < 0 || p.c < 1 || p.d < 1) return cudaErrorInvalidValue;  // the header's contract
   if (p.M == 0) return cudaSuccess;
   if (p.c > 0x7fffffff - kBK || p.d > 0x7fffffff - 64) return cudaErrorInvalidValue;
@@ -411,7 +428,7 @@ cudaError_t eq_linear_fwd_mma(const FwdParams& p, cudaStream_t stream) {
   const auto aligned = [](const void* q, uintptr_t a) {
     return reinterpret_cast<uintptr_t>(q) % a == 0;
   };
-  kp.y_vec16 = (p.d % 2 == 0) && aligned(p.y, 16);
+  kp.y_vec16 = p.y_f32 ? aligned(p.y, 16) : (p.d % 2 == 0) && aligned(p.y, 16);
   kp.y_vec8 = aligned(p.y, 8);
   kp.x_align8 = aligned(p.x, 8);
   const bool fast = (p.c % 8 == 0) && aligned(p.x, 16) && aligned(p.planes, 16);
@@ -444,12 +461,12 @@ cudaError_t eq_linear_fwd_mma(const FwdParams& p, cudaStream_t stream) {
                                  : tiles_large >= num_sms;
     if (large) {
       if (smem_optin >= CfgLarge4::kSmem)
-        return launch<T, CfgLarge4, true>(kp, num_m_large, num_n_small, stream, p.gelu);
-      return launch<T, CfgLarge3, true>(kp, num_m_large, num_n_small, stream, p.gelu);
+        return launch<T, CfgLarge4, true>(kp, num_m_large, num_n_small, stream, p.gelu, p.y_f32);
+      return launch<T, CfgLarge3, true>(kp, num_m_large, num_n_small, stream, p.gelu, p.y_f32);
     }
   }
-  if (fast) return launch<T, CfgSmall, true>(kp, num_m_small, num_n_small, stream, p.gelu);
-  return launch<T, CfgSmall, false>(kp, num_m_small, num_n_small, stream, p.gelu);
+  if (fast) return launch<T, CfgSmall, true>(kp, num_m_small, num_n_small, stream, p.gelu, p.y_f32);
+  return launch<T, CfgSmall, false>(kp, num_m_small, num_n_small, stream, p.gelu, p.y_f32);
 }
 
 }  // namespace

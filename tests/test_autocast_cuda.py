@@ -20,8 +20,8 @@ require_cuda_kernels()
 
 DEV = "cuda"
 LOW = [torch.float16, torch.bfloat16]
-# (M, c, d): Hopper-kernel layers (a ViT-B qkv-like one; d = 512: clusters of two), an odd c (mma.sync
-# kernel, widened), a narrow layer (its own kernel, widened), an empty input
+# (M, c, d): Hopper-kernel layers (a ViT-B qkv-like one; d = 512: clusters of two), an odd c (the mma.sync
+# kernel's FP32 epilogue), a narrow layer (its own kernel, widened), an empty input
 SHAPES = [(1000, 192, 576), (300, 64, 512), (129, 48, 40), (257, 59, 48), (7, 3, 5), (0, 16, 16)]
 
 
