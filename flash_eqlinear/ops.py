@@ -423,6 +423,16 @@ def _keeps_fp32_input(x, weight, group_size) -> bool:
     return _autocast_dtype(x) in (torch.float16, torch.bfloat16) and backend_for(x, group_size) == "cuda"
 
 
+def _autocast_and_check(x, weight, bias, group_size):
+    """One layer's inputs as autocast casts them (x kept FP32 where :func:`_keeps_fp32_input` says) and
+    checked: (x, weight, bias, whether x stayed FP32, (T, c, d))."""
+    keep32 = _keeps_fp32_input(x, weight, group_size)
+    x, weight, bias = autocast_inputs(x, weight, bias, cast_x=not keep32)
+    x_dtype = weight.dtype if keep32 else None
+    dims = reference.check_inputs(x, weight, bias, group_size, "planes", input_dtype=x_dtype)
+    return x, weight, bias, keep32, dims
+
+
 def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torch.Tensor:
     """An equivariant MLP, ``flash_eq_linear(GELU(flash_eq_linear(x, weight1, bias1)), weight2, bias2)``.
 
@@ -435,11 +445,8 @@ def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torc
     Under ``torch.autocast`` it casts like ``nn.Linear`` (an FP32 x in training as
     :func:`flash_eq_linear` takes it).
     """
-    keep32 = _keeps_fp32_input(x, weight1, group_size)
-    x, weight1, bias1 = autocast_inputs(x, weight1, bias1, cast_x=not keep32)
+    x, weight1, bias1, _, (T, c, h) = _autocast_and_check(x, weight1, bias1, group_size)
     _, weight2, bias2 = autocast_inputs(x, weight2, bias2, cast_x=False)
-    x_dtype = weight1.dtype if keep32 else None
-    T, c, h = reference.check_inputs(x, weight1, bias1, group_size, "planes", input_dtype=x_dtype)
     if not isinstance(weight2, torch.Tensor) or weight2.dim() != 3 or weight2.shape[::2] != (T, h):
         got = tuple(weight2.shape) if isinstance(weight2, torch.Tensor) else type(weight2).__name__
         raise ValueError(
@@ -473,10 +480,7 @@ def flash_eq_linear(x, weight, bias=None, group_size: int = 4) -> torch.Tensor:
     autocast is rounded inside the op, and grad_x comes back in FP32 from the kernel
     (``_keeps_fp32_input``).
     """
-    keep32 = _keeps_fp32_input(x, weight, group_size)
-    x, weight, bias = autocast_inputs(x, weight, bias, cast_x=not keep32)
-    x_dtype = weight.dtype if keep32 else None
-    T, c, d = reference.check_inputs(x, weight, bias, group_size, "planes", input_dtype=x_dtype)
+    x, weight, bias, keep32, (T, c, d) = _autocast_and_check(x, weight, bias, group_size)
     if backend_for(x, T) == "reference":
         if reference_form(x, T, c, d) == "fourier":
             return reference.fourier_eq_linear(x, weight, bias, T)
