@@ -189,7 +189,9 @@ if kernels_available():
             ),
         )
         return (
-            grad_y.new_empty(x.shape if needs_x else (0,), dtype=torch.float32 if grad_x_fp32 else None),
+            grad_y.new_empty(
+                x.shape if needs_x else (0,), dtype=torch.float32 if grad_x_fp32 and needs_x else None
+            ),
             grad_y.new_empty((4, d, c) if needs_p else (0,)),
             grad_y.new_empty((d,) if needs_b else (0,)),
         )
@@ -219,7 +221,8 @@ if kernels_available():
 
     def _grads(ctx, grad_y, x, planes, gx_fp32: bool):
         """(grad_x, grad_planes, grad_bias) of a layer with input x (as the kernels took it) as the
-        context asks for them; gx_fp32: grad_x in FP32 (eq_linear_fwd_cast's x)."""
+        context asks for them; gx_fp32: grad_x in FP32 (eq_linear_fwd_cast's x; with create_graph=True
+        the 16-bit grad_x of the differentiable path, widened)."""
         needs_x, needs_p = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         needs_b = ctx.has_bias and ctx.needs_input_grad[2]
         if torch.is_grad_enabled():
@@ -256,14 +259,17 @@ if kernels_available():
         _, planes, bias = inputs
         ctx.has_bias = bias is not None
         ctx.save_for_backward(output[1], planes)  # x as the kernels took it
-        ctx.mark_non_differentiable(output[1])
-        ctx.set_materialize_grads(False)  # no zeros for the rounded x's (unused) gradient
+        ctx.set_materialize_grads(False)  # no zeros for the rounded x's gradient (None unless a double
+        # backward reaches it through the saved x)
 
-    def _backward_cast(ctx, grad_y, _grad_x_low):
-        if grad_y is None:
-            return None, None, None
+    def _backward_cast(ctx, grad_y, grad_x_low):
         x_low, planes = ctx.saved_tensors
-        return _grads(ctx, grad_y, x_low, planes, True)
+        gx = gp = gb = None
+        if grad_y is not None:
+            gx, gp, gb = _grads(ctx, grad_y, x_low, planes, True)
+        if grad_x_low is not None and ctx.needs_input_grad[0]:  # rounding passes gradients as they are
+            gx = grad_x_low.float() if gx is None else gx + grad_x_low.float()
+        return gx, gp, gb
 
     torch.library.register_autograd(
         "flash_eqlinear::eq_linear_fwd_cast", _backward_cast, setup_context=_setup_context_cast

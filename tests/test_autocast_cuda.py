@@ -20,9 +20,11 @@ require_cuda_kernels()
 
 DEV = "cuda"
 LOW = [torch.float16, torch.bfloat16]
-# (M, c, d): Hopper-kernel layers (a ViT-B qkv-like one; d = 512: clusters of two), an odd c (the mma.sync
-# kernel's FP32 epilogue), a narrow layer (its own kernel, widened), an empty input
-SHAPES = [(1000, 192, 576), (300, 64, 512), (129, 48, 40), (257, 59, 48), (7, 3, 5), (0, 16, 16)]
+# (M, c, d): Hopper-kernel layers (a ViT-B qkv-like one; d = 512: the forward in clusters of two; c = 512:
+# grad_x in clusters of two), an odd c (the mma.sync kernel's FP32 epilogue), a narrow layer (its own
+# kernel, widened), an empty input
+SHAPES = [(1000, 192, 576), (300, 64, 512), (300, 512, 64), (129, 48, 40), (257, 59, 48), (7, 3, 5)]
+SHAPES += [(0, 16, 16)]
 
 
 def make(M, c, d, seed=0):
@@ -60,6 +62,10 @@ def test_same_function_as_casting_first(M, c, d, dtype, sm90, mode, monkeypatch)
     assert gp.dtype == gb.dtype == torch.float32 and torch.equal(gp, gp0) and torch.equal(gb, gb0)
     assert gx.dtype == gx0.dtype == torch.float32
     assert torch.equal(gx.to(dtype).float(), gx0), rel_l2(gx, gx0)  # the same grad_x before its rounding
+    # ... written unrounded by a kernel (Hopper, mma.sync), not rounded and widened: except for narrow
+    # layers, and with the GEMM-form weight gradient (grad_x from the GEMM form, or x cast first)
+    from_kernel = M > 0 and max(c, d) > 32 and mode == "fused"
+    assert torch.equal(gx, gx0) != from_kernel
     if M:  # ... so no further from float64 than the rounded one
         x64 = x.to(dtype).double().requires_grad_()
         p64 = planes.to(dtype).double()
@@ -102,13 +108,15 @@ def test_cast_op_opcheck(dtype):
     torch.library.opcheck(op.default, (x.clone().requires_grad_(), p.clone().requires_grad_(), bb))
     bwd = torch.ops.flash_eqlinear.eq_linear_bwd.default
     torch.library.opcheck(bwd, (gy.to(dtype), x.to(dtype), p, True, True, True, False, True))
+    torch.library.opcheck(bwd, (gy.to(dtype), x.to(dtype), p, False, True, True, False, True))
     y, x_low = op(x, p, bb)
     assert y.dtype == x_low.dtype == dtype and torch.equal(x_low, x.to(dtype))
     assert torch.equal(y, torch.ops.flash_eqlinear.eq_linear_fwd(x.to(dtype), p, bb))
 
 
 def test_compiled_block_matches_eager(monkeypatch):
-    # LayerNorm (FP32 under autocast) -> FlashEQLinear, forward + backward compiled as one graph.
+    # LayerNorm (FP32 under autocast) -> FlashEQLinear, forward + backward compiled as one graph, which
+    # calls eq_linear_fwd_cast.
     monkeypatch.setenv("FLASH_EQLINEAR_FUSED_CAST", "1")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.LayerNorm(256), fe.FlashEQLinear(256, 384)).to(DEV)
@@ -117,8 +125,10 @@ def test_compiled_block_matches_eager(monkeypatch):
     outs = []
     for m, xi in zip((model, compiled), xs, strict=True):
         xi.data.copy_(xs[0].data)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        cpu = torch.profiler.ProfilerActivity.CPU
+        with torch.profiler.profile(activities=[cpu]) as prof, torch.autocast("cuda", dtype=torch.bfloat16):
             y = m(xi)
+        assert any("eq_linear_fwd_cast" in e.name for e in prof.events())
         y.float().square().sum().backward()
         outs.append((y, xi.grad))
     assert outs[0][0].dtype == outs[1][0].dtype == torch.bfloat16
@@ -126,17 +136,25 @@ def test_compiled_block_matches_eager(monkeypatch):
     assert outs[1][1].dtype == torch.float32 and rel_l2(outs[1][1], outs[0][1]) < 1e-6
 
 
-def test_double_backward():
-    # create_graph=True takes the differentiable path; grad_x still comes back in FP32.
+def test_double_backward(monkeypatch):
+    # create_graph=True takes the differentiable path; grad_x still comes back in FP32. A penalty on both
+    # first-order gradients reaches x through the weight gradient too (through the saved rounded x): the
+    # second-order gradients equal those of casting first.
     x, planes, b, _ = make(65, 16, 24)
-    x = x.requires_grad_()
-    p = planes.requires_grad_()
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        y = fe.flash_eq_linear(x, p, b)
-    (gx,) = torch.autograd.grad(y.float().square().sum(), x, create_graph=True)
-    assert gx.dtype == torch.float32
-    gx.square().sum().backward()
-    assert p.grad is not None and torch.isfinite(p.grad).all()
+
+    def second_order(fused_cast):
+        monkeypatch.setenv("FLASH_EQLINEAR_FUSED_CAST", "1" if fused_cast else "0")
+        xs, ps = x.clone().requires_grad_(), planes.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = fe.flash_eq_linear(xs, ps, b)
+        gx, gp = torch.autograd.grad(y.float().square().sum(), (xs, ps), create_graph=True)
+        assert gx.dtype == torch.float32
+        (gx.square().sum() + gp.float().square().sum()).backward()
+        return xs.grad, ps.grad
+
+    got, want = second_order(True), second_order(False)
+    for a, w in zip(got, want, strict=True):
+        assert a.dtype == w.dtype == torch.float32 and rel_l2(a, w) < 1e-3, rel_l2(a, w)
 
 
 def test_taken_only_where_it_applies(monkeypatch):
