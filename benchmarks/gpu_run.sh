@@ -62,17 +62,16 @@ if has bench-wgrad; then  # the 16-bit weight gradient and one layer's training 
   python3 benchmarks/bench_weight_grad.py >"$OUT/bench_wgrad.log" 2>&1; summary+=("bench-wgrad rc=$?")
   grep "^|" "$OUT/bench_wgrad.log"
 fi
-if has net-train; then  # the bf16 training steps of EQ-ViT-B / -L against plain
+# The bf16 training steps of EQ-ViT-B / -L against plain; $1: the result name's suffix (settings in the
+# environment of the call).
+net_train() {
   python3 benchmarks/bench_network.py --models vit --scales B,L --variants plain,flash --no-inference \
-    --train vit-B,vit-L --out "net_vit_train_${FLASH_EQLINEAR_COMMIT:-local}.json" >"$OUT/net_train.log" 2>&1
-  summary+=("net-train rc=$?"); grep -E "^\| vit" "$OUT/net_train.log"
-fi
-if has net-train-cast; then  # the flash models' steps again, the FP32 input cast in front of each layer (A/B)
-  FLASH_EQLINEAR_FUSED_CAST=0 python3 benchmarks/bench_network.py --models vit --scales B,L --variants plain,flash \
-    --no-inference --train vit-B,vit-L --out "net_vit_train_cast0_${FLASH_EQLINEAR_COMMIT:-local}.json" \
-    >"$OUT/net_train_cast0.log" 2>&1
-  summary+=("net-train-cast rc=$?"); grep -E "^\| vit" "$OUT/net_train_cast0.log"
-fi
+    --train vit-B,vit-L --out "net_vit_train$1_${FLASH_EQLINEAR_COMMIT:-local}.json" >"$OUT/net_train$1.log" 2>&1
+  summary+=("net-train$1 rc=$?"); grep -E "^\| vit" "$OUT/net_train$1.log"
+}
+has net-train && net_train ""
+# The same with the FP32 inputs cast in front of each layer (FLASH_EQLINEAR_FUSED_CAST=0): the A/B.
+has net-train-cast && FLASH_EQLINEAR_FUSED_CAST=0 net_train _cast0
 if has profile-bwd; then
   python3 benchmarks/profile_bwd.py --cs 512,1024 >"$OUT/profile_bwd.log" 2>&1; summary+=("profile-bwd rc=$?")
   cat "$OUT/profile_bwd.log"
