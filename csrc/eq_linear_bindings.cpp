@@ -392,27 +392,43 @@ constexpr int64_t kFusedTf32MaxCD = 1 << 19;
 // dtype, on one CUDA device (`what` names the op). With gelu, y = GELU(the layer's output) (exact erf
 // form, of the output rounded to its dtype): the kernels with a GELU epilogue (the fp16 / bf16 Hopper and
 // mma.sync kernels, the TF32 Hopper kernel; FwdParams::gelu) apply it as they store, the other forms (narrow
-// kernel, exact FP32, 3xTF32, the GEMM forms) by at::gelu_ after.
+// kernel, exact FP32, 3xTF32, the GEMM forms) by at::gelu_ after. With f32_out (fp16 / bf16 tensors, not
+// with gelu), y is FP32: the fp16 / bf16 Hopper and mma.sync kernels store it unrounded (FwdParams::y_f32),
+// the narrow kernel and the GEMM forms write it in x's dtype, widened after.
 at::Tensor fwd(const at::Tensor& x, const at::Tensor& planes, const std::optional<at::Tensor>& bias, bool gelu,
-               const char* what) {
+               const char* what, bool f32_out = false) {
   const at::Tensor b = checked_fwd_args(x, planes, bias, what);
   const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
   const auto dtype = x.scalar_type();
   const at::cuda::CUDAGuard guard(x.device());
   const at::Tensor xc = x.contiguous(), pc = planes.contiguous();
-  if (M == 0) return at::empty({M, 4 * d}, x.options());
-  at::Tensor y = at::empty({M, 4 * d}, x.options());
+  const bool f32 = f32_out && dtype != at::kFloat;
+  TORCH_CHECK(!(f32 && gelu), what, ": an FP32 output of 16-bit inputs is not combined with GELU");
+  at::Tensor y = at::empty({M, 4 * d}, x.options().dtype(f32 ? at::kFloat : dtype));
+  if (M == 0) return y;
+  // What the forms without an FP32 epilogue write: y itself, or with f32 a 16-bit buffer made when needed.
+  at::Tensor ylow = f32 ? at::Tensor() : y;
+  const auto low = [&]() -> const at::Tensor& {
+    if (!ylow.defined()) ylow = at::empty({M, 4 * d}, x.options());
+    return ylow;
+  };
   FwdParams p{xc.data_ptr(), pc.data_ptr(), b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), M, c, d};
-  FwdParams pg = p;  // for the kernels with a GELU epilogue
+  FwdParams pg = p;  // for the kernels with a GELU or FP32 epilogue
   pg.gelu = gelu;
-  // y as computed; GELU after it where the kernel that wrote it had no epilogue for it
-  const auto done = [&](bool in_epilogue) { return gelu && !in_epilogue ? at::gelu_(y) : y; };
+  pg.y_f32 = f32;
+  // y as computed; where the kernel that wrote it had no epilogue for it, GELU after it, and the widening
+  const auto done = [&](bool in_epilogue) {
+    if (in_epilogue) return y;
+    if (gelu) at::gelu_(ylow);
+    return f32 ? y.copy_(ylow) : y;
+  };
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   cudaError_t err = cudaSuccess;
   const std::string op = what;
   const bool tf32 = dtype == at::kFloat && at::globalContext().allowTF32CuBLAS();
   if (eq_linear_fwd_narrow_applies(p, static_cast<int>(x.element_size()), tf32)) {
     // Narrow layers: one streaming pass (FP32 in exact arithmetic also where TF32 is allowed).
+    p.y = low().data_ptr();
     err = eq_linear_fwd_narrow(p, static_cast<int>(x.element_size()), dtype == at::kBFloat16, stream);
     TORCH_CHECK(err == cudaSuccess, op, ": narrow kernel launch failed (M=", num(M), ", c=", num(c), ", d=", num(d),
                 "): ", cudaGetErrorString(err));
@@ -438,7 +454,8 @@ at::Tensor fwd(const at::Tensor& x, const at::Tensor& planes, const std::optiona
     if (form == ProductsForm::kAuto && hopper_kernels_may_run(x) &&
         fwd_sm90_16bit(xc, pc, b, y, at::Tensor(), 1.f, at::Tensor(), gelu))
       return done(true);
-    fwd_gemm_form_chunked(xc, pc, b, y, "eq_linear_fwd", c * d >= kGaussMinCD16);  // products_form
+    at::Tensor out = low();
+    fwd_gemm_form_chunked(xc, pc, b, out, "eq_linear_fwd", c * d >= kGaussMinCD16);  // products_form
     return done(false);
   }
   switch (dtype) {
@@ -570,8 +587,8 @@ std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool inp
 // for fp16 / bf16 as products_form says. Returns (grad_x, false), or (an empty tensor, true) when grad_x
 // is left to the GEMM form (bwd_from_planes). With gf and the Hopper kernel, that kernel also writes
 // grad_y's planes [g0 | g2 | gR | gI] (M, 4d) into *gf and g0's partial column sums in FP32 into *g0_sums
-// (else both stay undefined). With f32 (fp16 / bf16 grad_y, not the GEMM form), grad_x is FP32, stored
-// unrounded by the Hopper or mma.sync kernel (the narrow kernel's is rounded to grad_y's dtype and widened).
+// (else both stay undefined). With f32 (fp16 / bf16 grad_y, not the GEMM form), grad_x is FP32 (fwd's
+// f32_out).
 std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor& planes, bool gemm_ok, bool f32,
                                          at::Tensor* gf = nullptr, at::Tensor* g0_sums = nullptr) {
   const bool may_gemm = gemm_ok && gy.scalar_type() != at::kFloat && products_form() != ProductsForm::kFused;
@@ -587,24 +604,7 @@ std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor&
                                               static_cast<int>(pc.element_size()), at::cuda::getCurrentCUDAStream());
     TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: adjoint planes failed: ", cudaGetErrorString(err));
   }
-  if (!may_gemm && f32 && gy.scalar_type() != at::kFloat) {
-    at::Tensor gx = at::empty({M, 4 * c}, gy.options().dtype(at::kFloat));
-    FwdParams p{gy.data_ptr(), adj.data_ptr(), nullptr, gx.data_ptr(), M, d, c};  // grad_x: K = d
-    p.y_f32 = true;
-    // As eq_linear_fwd would run it (fwd): the narrow kernel and the GEMM form round, then widen.
-    const ProductsForm form = products_form();
-    const bool gemm_form = form == ProductsForm::kGemm || (form == ProductsForm::kAuto && c * d >= kGemmFwdMinCD);
-    const bool sm90 = form == ProductsForm::kAuto && hopper_kernels_may_run(gy);
-    if (gemm_form && sm90 && fwd_sm90_16bit(gy, adj, at::Tensor(), gx)) return {gx, false};
-    if (gemm_form || eq_linear_fwd_narrow_applies(p, static_cast<int>(gy.element_size()), false))
-      return {eq_linear_fwd(gy, adj, std::nullopt).to(at::kFloat), false};
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    const cudaError_t err = gy.scalar_type() == at::kHalf ? eq_linear_fwd_fp16(p, stream) : eq_linear_fwd_bf16(p, stream);
-    TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: grad_x kernel launch failed (M=", num(M), ", in=", num(d),
-                ", out=", num(c), "): ", cudaGetErrorString(err));
-    return {gx, false};
-  }
-  if (!may_gemm) return {eq_linear_fwd(gy, adj, std::nullopt), false};
+  if (!may_gemm) return {fwd(gy, adj, std::nullopt, false, "eq_linear_fwd", f32), false};
   at::Tensor gx = at::empty({M, 4 * c}, gy.options());
   const bool write = gf != nullptr && M > 0;
   const at::Tensor planes_out = write ? at::empty_like(gy, at::MemoryFormat::Contiguous) : at::Tensor();
