@@ -18,7 +18,9 @@ NaiveEQLinear; flash: FlashEQLinear) it records:
   that pass (a fused ``flash_eq_mlp`` call would skip the hooks): it times the layers without the
   GELU that the first pass fuses into fc1;
 * a training step (forward, backward, AdamW step) under bf16 autocast for ViT-B and ViT-L
-  (``--train``): median step time, images/s and peak memory.
+  (``--train``): median step time, images/s and peak memory; eager, and with ``--train-modes``
+  also with every variant's model wrapped in ``torch.compile`` (Inductor fuses the pointwise ops,
+  LayerNorm and casts around the linear layers; cuBLAS and our kernels stay as they are).
 
 A progress line per measurement; at the end a JSON record (env: GPU, torch, CUDA, git commit)
 and a markdown table under benchmarks/results/.
@@ -27,6 +29,7 @@ Usage:
   python benchmarks/bench_network.py                       # everything (about 10-15 min on an H100)
   python benchmarks/bench_network.py --models vit --scales B,L --variants naive,flash --dtypes fp16
   python benchmarks/bench_network.py --train vit-B --no-inference
+  python benchmarks/bench_network.py --train vit-B --no-inference --train-modes eager,compiled
   python benchmarks/bench_network.py --dry-run             # tiny models on CPU: checks the script
 """
 
@@ -61,6 +64,8 @@ from flash_eqlinear.models import MODELS, SCALES, VARIANTS, is_linear_layer  # n
 
 # "tf32": the FP32 model with TF32 allowed for matmuls and convolutions (what many FP32 users run)
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16}
+# Training steps run as written ("eager") or with the model wrapped in torch.compile ("compiled").
+TRAIN_MODES = ("eager", "compiled")
 # Fraction of the dense multiply-adds a FlashEQLinear performs, by group size (6/16 for p4).
 FLASH_MAC_FRACTION = {4: 6 / 16}
 # Tiny configs for --dry-run (CPU): same code paths, seconds instead of minutes.
@@ -297,12 +302,13 @@ def bench_inference(kind, scale, variant, args, device) -> dict:
     return rec
 
 
-def bench_training(kind, scale, variant, args, device) -> dict:
+def bench_training(kind, scale, variant, mode, args, device) -> dict:
     S = img_size(kind, args)
     rec = {
         "model": kind,
         "scale": scale,
         "variant": variant,
+        "mode": mode,
         "batch": args.train_batch,
         "img": S,
         "autocast": "bf16",
@@ -314,7 +320,7 @@ def bench_training(kind, scale, variant, args, device) -> dict:
     cuda = device.type == "cuda"
     x = torch.randn(args.train_batch, 3, S, S, device=device)
     y = torch.randint(0, args.num_classes, (args.train_batch,), device=device)
-    step = training_step(model, x, y, device)
+    step = training_step(torch.compile(model) if mode == "compiled" else model, x, y, device)
     try:
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
@@ -336,7 +342,8 @@ def bench_training(kind, scale, variant, args, device) -> dict:
 
 def training_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device):
     """A callable running one training step of ``model`` on (x, y): forward and cross-entropy under
-    bf16 autocast, backward, AdamW (fused on CUDA)."""
+    bf16 autocast, backward, AdamW (fused on CUDA). ``model`` may be a ``torch.compile`` wrapper (its
+    parameters are the model's)."""
     model.train()
     fused = {"fused": True} if device.type == "cuda" else {}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, **fused)
@@ -363,7 +370,10 @@ def _speedup(records, rec, key_path, base_variant):
         (
             r
             for r in records
-            if r["model"] == rec["model"] and r["scale"] == rec["scale"] and r["variant"] == base_variant
+            if r["model"] == rec["model"]
+            and r["scale"] == rec["scale"]
+            and r["variant"] == base_variant
+            and r.get("mode") == rec.get("mode")  # training: eager against eager, compiled against compiled
         ),
         None,
     )
@@ -440,15 +450,16 @@ def markdown(payload: dict) -> str:
         lines += [
             f"Training step (forward + backward + AdamW), bf16 autocast, batch {tr[0]['batch']}.",
             "",
-            "| model | variant | step ms | img/s | peak mem (GB) | vs naive | vs plain |",
-            "|---|---|---:|---:|---:|---:|---:|",
+            "| model | variant | mode | step ms | img/s | peak mem (GB) | vs naive | vs plain |",
+            "|---|---|---|---:|---:|---:|---:|---:|",
         ]
         for r in tr:
+            head = f"| {r['model']}-{r['scale']} | {r['variant']} | {r.get('mode', 'eager')} |"
             if "error" in r:
-                lines.append(f"| {r['model']}-{r['scale']} | {r['variant']} | {r['error']} | | | | |")
+                lines.append(f"{head} {r['error']} | | | | |")
                 continue
             lines.append(
-                f"| {r['model']}-{r['scale']} | {r['variant']} | {r['step_ms']:.2f} | "
+                f"{head} {r['step_ms']:.2f} | "
                 f"{r['throughput_img_s']:.1f} | {_f(r['peak_memory_gb'])} | "
                 f"{_f(_speedup(tr, r, ('step_ms',), 'naive'), '{:.2f}x')} | "
                 f"{_f(_speedup(tr, r, ('step_ms',), 'plain'), '{:.2f}x')} |"
@@ -480,6 +491,11 @@ def parse_args(argv=None):
     ap.add_argument("--train-batch", type=int, default=128)
     ap.add_argument("--train-warmup", type=int, default=3)
     ap.add_argument("--train-iters", type=int, default=10)
+    ap.add_argument(
+        "--train-modes",
+        default="eager",
+        help="comma list of: eager, compiled (each model wrapped in torch.compile; warm-up compiles)",
+    )
     ap.add_argument("--out", default=None, help="JSON file name under benchmarks/results/ (.md next to it)")
     ap.add_argument(
         "--dry-run",
@@ -488,12 +504,13 @@ def parse_args(argv=None):
     )
     args = ap.parse_args(argv)
     args.models, args.scales, args.variants = _csv(args.models), _csv(args.scales), _csv(args.variants)
-    args.dtypes, args.train = _csv(args.dtypes), _csv(args.train)
+    args.dtypes, args.train, args.train_modes = _csv(args.dtypes), _csv(args.train), _csv(args.train_modes)
     for name, vals, allowed in (
         ("models", args.models, MODELS),
         ("scales", args.scales, SCALES),
         ("variants", args.variants, VARIANTS),
         ("dtypes", args.dtypes, DTYPES),
+        ("train-modes", args.train_modes, TRAIN_MODES),
     ):
         bad = [v for v in vals if v not in allowed]
         if bad:
@@ -577,20 +594,20 @@ def main(argv=None) -> int:
     payload = {"env": env, "args": vars(args), "inference": [], "training": []}
     jobs = [(k, s, v) for k in args.models for s in args.scales for v in args.variants]
     jobs = [] if args.no_inference else jobs
-    train_jobs = [(*t.split("-", 1), v) for t in args.train for v in args.variants]
+    train_jobs = [(*t.split("-", 1), v, m) for m in args.train_modes for t in args.train for v in args.variants]
     n, t0 = len(jobs) + len(train_jobs), time.time()
     for i, (kind, scale, variant) in enumerate(jobs, 1):
         rec = bench_inference(kind, scale, variant, args, device)
         payload["inference"].append(rec)
         print(f"[{i}/{n} {time.time() - t0:6.0f}s] {progress_inference(rec)}", flush=True)
-    for i, (kind, scale, variant) in enumerate(train_jobs, len(jobs) + 1):
-        rec = bench_training(kind, scale, variant, args, device)
+    for i, (kind, scale, variant, mode) in enumerate(train_jobs, len(jobs) + 1):
+        rec = bench_training(kind, scale, variant, mode, args, device)
         payload["training"].append(rec)
         msg = rec.get("error") or (
             f"step {rec['step_ms']:8.2f} ms {rec['throughput_img_s']:8.1f} img/s "
             f"peak {_f(rec['peak_memory_gb'])} GB"
         )
-        print(f"[{i}/{n} {time.time() - t0:6.0f}s] train {kind}-{scale} {variant:5s} {msg}", flush=True)
+        print(f"[{i}/{n} {time.time() - t0:6.0f}s] train {kind}-{scale} {variant:5s} {mode} {msg}", flush=True)
 
     if args.out:
         path = RESULTS / args.out

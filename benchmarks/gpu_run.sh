@@ -63,10 +63,10 @@ if has bench-wgrad; then  # the 16-bit weight gradient and one layer's training 
   grep "^|" "$OUT/bench_wgrad.log"
 fi
 # The bf16 training steps of EQ-ViT-B / -L against plain; $1: the result name's suffix (settings in the
-# environment of the call).
+# environment of the call; NET_TRAIN_MODES: "eager", "compiled" or both, comma-separated).
 net_train() {
   python3 benchmarks/bench_network.py --models vit --scales B,L --variants plain,flash --no-inference \
-    --train vit-B,vit-L --out "net_vit_train$1_${FLASH_EQLINEAR_COMMIT:-local}.json" >"$OUT/net_train$1.log" 2>&1
+    --train vit-B,vit-L --train-modes "${NET_TRAIN_MODES:-eager}" --out "net_vit_train$1_${FLASH_EQLINEAR_COMMIT:-local}.json" >"$OUT/net_train$1.log" 2>&1
   summary+=("net-train$1 rc=$?"); grep -E "^\| vit" "$OUT/net_train$1.log"
 }
 has net-train && net_train ""
@@ -76,8 +76,9 @@ if has profile-bwd; then
   python3 benchmarks/profile_bwd.py --cs 512,1024 >"$OUT/profile_bwd.log" 2>&1; summary+=("profile-bwd rc=$?")
   cat "$OUT/profile_bwd.log"
 fi
-if has profile-net; then  # kernel time per category: ViT-B training, Swin-B fp16 inference
-  for a in "--model vit --scale B --mode train" "--model swin --scale B --mode infer --dtype fp16"; do
+if has profile-net; then  # kernel time per category: ViT-B training, Swin-B fp16 inference (or PROFILE_NET_ARGS)
+  IFS=';' read -ra runs <<<"${PROFILE_NET_ARGS:---model vit --scale B --mode train;--model swin --scale B --mode infer --dtype fp16}"
+  for a in "${runs[@]}"; do
     python3 benchmarks/profile_network.py $a >>"$OUT/profile_net.log" 2>&1; summary+=("profile-net ($a) rc=$?")
   done
   grep -E "^\| " "$OUT/profile_net.log"

@@ -6,7 +6,7 @@ For one model and scale, each variant (plain, naive, flash) runs a few warm-up s
 optimizer, convolution, other) and reported in milliseconds per step, next to the variants'
 differences and each variant's most expensive kernels. Step = a training step (forward, backward,
 AdamW) under bf16 autocast (``--mode train``) or an inference forward (``--mode infer``, ``--dtype``
-fp32 / tf32 / fp16).
+fp32 / tf32 / fp16); ``--compile`` wraps each model in ``torch.compile`` first.
 
 Usage:
   python benchmarks/profile_network.py --model vit --scale B --mode train
@@ -35,6 +35,7 @@ from common import save_json  # noqa: E402
 CATEGORIES = [
     ("eq-linear", r"eq_linear|group_dft|group_idft|flash_eqlinear"),
     ("optimizer", r"multi_tensor|adam|_foreach"),
+    ("inductor", r"^triton_"),  # Inductor's generated kernels (--compile): fused pointwise, norms, casts
     ("attention", r"flash|fmha|attention|sdpa|softmax"),
     ("layernorm", r"layer_?norm"),
     ("gemm", r"gemm|nvjet|xmma|cutlass|cublas|addmm|aten::mm|matmul|linear|bmm"),
@@ -90,7 +91,7 @@ def make_step(model, args, device):
 def profile_variant(variant: str, args, device) -> dict:
     torch.manual_seed(0)
     model = bn.build(args.model, args.scale, variant, args, device)
-    step = make_step(model, args, device)
+    step = make_step(torch.compile(model) if args.compile else model, args, device)
     for _ in range(args.warmup):
         step()
     bn._sync(device)
@@ -136,6 +137,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--top", type=int, default=12, help="kernels listed per variant")
+    ap.add_argument("--compile", action="store_true", help="each model wrapped in torch.compile")
     ap.add_argument("--dry-run", action="store_true", help="tiny models on CPU, batch 2")
     args = ap.parse_args(argv)
     variants = bn._csv(args.variants)
@@ -160,6 +162,7 @@ def main(argv=None) -> int:
     print(out)
     if not args.dry_run:
         tag = f"{args.model}{args.scale}_{args.mode}{'' if args.mode == 'train' else '_' + args.dtype}"
+        tag += "_compiled" if args.compile else ""
         env = bn.environment(device)
         path = save_json(
             f"profile_net_{tag}_{env['commit']}.json", {"env": env, "args": vars(args), "rows": recs}
