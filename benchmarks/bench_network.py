@@ -594,7 +594,9 @@ def main(argv=None) -> int:
     payload = {"env": env, "args": vars(args), "inference": [], "training": []}
     jobs = [(k, s, v) for k in args.models for s in args.scales for v in args.variants]
     jobs = [] if args.no_inference else jobs
-    train_jobs = [(*t.split("-", 1), v, m) for m in args.train_modes for t in args.train for v in args.variants]
+    train_jobs = [
+        (*t.split("-", 1), v, m) for m in args.train_modes for t in args.train for v in args.variants
+    ]
     n, t0 = len(jobs) + len(train_jobs), time.time()
     for i, (kind, scale, variant) in enumerate(jobs, 1):
         rec = bench_inference(kind, scale, variant, args, device)
@@ -607,7 +609,8 @@ def main(argv=None) -> int:
             f"step {rec['step_ms']:8.2f} ms {rec['throughput_img_s']:8.1f} img/s "
             f"peak {_f(rec['peak_memory_gb'])} GB"
         )
-        print(f"[{i}/{n} {time.time() - t0:6.0f}s] train {kind}-{scale} {variant:5s} {mode} {msg}", flush=True)
+        what = f"train {kind}-{scale} {variant:5s} {mode:8s}"
+        print(f"[{i}/{n} {time.time() - t0:6.0f}s] {what} {msg}", flush=True)
 
     if args.out:
         path = RESULTS / args.out
