@@ -143,7 +143,9 @@ class GroupLayerNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         G = self.group_size
-        w, b = self.weight.repeat_interleave(G), self.bias.repeat_interleave(G)
+        # Each parameter once per group copy (index o*G + g): one copy kernel (repeat_interleave launches
+        # several and costs more host time per call).
+        w, b = (t.unsqueeze(-1).expand(-1, G).reshape(-1) for t in (self.weight, self.bias))
         return F.layer_norm(x, (self.num_features,), w, b, self.eps)
 
     def extra_repr(self) -> str:
