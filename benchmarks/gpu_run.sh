@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build, GPU tests, compute-sanitizer, benchmarks on a CUDA machine; full logs under $OUT
 # (default /tmp/out), a short summary last.
-# Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-bwd] [bench-train] [bench-3xtf32] [bench-wgrad] [profile-bwd] [profile-net] [net] [net-train] [net-train-cast] [bench-quick] [narrow] [fp32-tiles] [xf-writer]
+# Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-bwd] [bench-train] [bench-3xtf32] [bench-wgrad] [profile-bwd] [profile-net] [net] [net-train] [net-train-cast] [bench-quick] [host] [narrow] [fp32-tiles] [xf-writer]
 # (default: build test sanitize bench)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -91,6 +91,9 @@ fi
 if has bench-quick; then
   python3 benchmarks/bench_op.py --cs 64,512,2048 --prec-rows 1024 --out quick.json >"$OUT/bench.log" 2>&1
   summary+=("bench-quick rc=$?"); res="$res benchmarks/results/quick.*"; tail -14 "$OUT/bench.log"
+fi
+if has host; then  # host (CPU) cost per layer call against nn.Linear
+  python3 benchmarks/bench_host.py >"$OUT/host.log" 2>&1; summary+=("host rc=$?"); cat "$OUT/host.log"
 fi
 if has narrow; then
   python3 benchmarks/bench_narrow.py >"$OUT/narrow.log" 2>&1; summary+=("narrow rc=$?"); grep "^|" "$OUT/narrow.log"
