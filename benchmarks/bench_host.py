@@ -59,6 +59,7 @@ def main(argv=None) -> int:
     xb = torch.randn(M, 4 * c, device=dev, dtype=torch.bfloat16, requires_grad=True)
     pb = flash.weight.detach().bfloat16().contiguous().requires_grad_()
     bb = flash.bias.detach().bfloat16().requires_grad_()
+    xd, pd, bd = xb.detach(), pb.detach(), bb.detach()
     ops = torch.ops.flash_eqlinear
     bf16 = torch.bfloat16
     rows = [
@@ -68,7 +69,7 @@ def main(argv=None) -> int:
         ("flash_eq_linear, bf16 x, weight and bias (no casts)", lambda: O.flash_eq_linear(xb, pb, bb)),
         ("op eq_linear_fwd, with autograd", lambda: ops.eq_linear_fwd(xb, pb, bb)),
         ("op eq_linear_fwd_cast, with autograd", lambda: ops.eq_linear_fwd_cast(x32, pb, bb)),
-        ("op eq_linear_fwd, no autograd", lambda: ops.eq_linear_fwd(xb.detach(), pb.detach(), bb.detach())),
+        ("op eq_linear_fwd, no autograd", lambda: ops.eq_linear_fwd(xd, pd, bd)),
         ("weight.to(bf16)", lambda: flash.weight.to(bf16)),
         ("autocast_inputs (weight, bias)", lambda: O.autocast_inputs(x32, flash.weight, flash.bias, False)),
         ("_keeps_fp32_input", lambda: O._keeps_fp32_input(x32, flash.weight, 4)),

@@ -320,7 +320,10 @@ def bench_training(kind, scale, variant, mode, args, device) -> dict:
     cuda = device.type == "cuda"
     x = torch.randn(args.train_batch, 3, S, S, device=device)
     y = torch.randint(0, args.num_classes, (args.train_batch,), device=device)
-    step = training_step(torch.compile(model) if mode == "compiled" else model, x, y, device)
+    if mode == "compiled":
+        torch._dynamo.reset()  # each job compiles afresh (no recompile limit reached, no graphs kept)
+        model = torch.compile(model)
+    step = training_step(model, x, y, device)
     try:
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)

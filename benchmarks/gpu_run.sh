@@ -65,13 +65,16 @@ fi
 # The bf16 training steps of EQ-ViT-B / -L against plain; $1: the result name's suffix (settings in the
 # environment of the call; NET_TRAIN_MODES: "eager", "compiled" or both, comma-separated).
 net_train() {
+  local modes=${NET_TRAIN_MODES:-eager} tag=$1
+  [ "$modes" != eager ] && tag="${tag}_${modes//,/-}"  # eager runs keep the old names
   python3 benchmarks/bench_network.py --models vit --scales B,L --variants plain,flash --no-inference \
-    --train vit-B,vit-L --train-modes "${NET_TRAIN_MODES:-eager}" --out "net_vit_train$1_${FLASH_EQLINEAR_COMMIT:-local}.json" >"$OUT/net_train$1.log" 2>&1
+    --train vit-B,vit-L --train-modes "$modes" --out "net_vit_train${tag}_${FLASH_EQLINEAR_COMMIT:-local}.json" >"$OUT/net_train$1.log" 2>&1
   summary+=("net-train$1 rc=$?"); grep -E "^\| vit" "$OUT/net_train$1.log"
 }
 has net-train && net_train ""
-# The same with the FP32 inputs cast in front of each layer (FLASH_EQLINEAR_FUSED_CAST=0): the A/B.
-has net-train-cast && FLASH_EQLINEAR_FUSED_CAST=0 net_train _cast0
+# The same with the FP32 inputs cast in front of each layer (FLASH_EQLINEAR_FUSED_CAST=0): the A/B, eager only
+# (compiled graphs cast first whatever the switch says).
+has net-train-cast && FLASH_EQLINEAR_FUSED_CAST=0 NET_TRAIN_MODES=eager net_train _cast0
 if has profile-bwd; then
   python3 benchmarks/profile_bwd.py --cs 512,1024 >"$OUT/profile_bwd.log" 2>&1; summary+=("profile-bwd rc=$?")
   cat "$OUT/profile_bwd.log"

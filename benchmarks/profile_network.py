@@ -91,7 +91,10 @@ def make_step(model, args, device):
 def profile_variant(variant: str, args, device) -> dict:
     torch.manual_seed(0)
     model = bn.build(args.model, args.scale, variant, args, device)
-    step = make_step(torch.compile(model) if args.compile else model, args, device)
+    if args.compile:
+        torch._dynamo.reset()  # each variant compiles afresh
+        model = torch.compile(model)
+    step = make_step(model, args, device)
     for _ in range(args.warmup):
         step()
     bn._sync(device)

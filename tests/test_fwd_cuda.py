@@ -534,24 +534,26 @@ def test_torch_compile_fullgraph():
         assert torch.equal(compiled(x), model(x)) or rel_l2(compiled(x), model(x)) < 1e-6
 
 
-def test_compiled_ops_take_any_layout():
+@pytest.mark.parametrize("M,c,d", [(300, 48, 40), (300, 192, 576)])  # mma.sync; Hopper kernels
+def test_compiled_ops_take_any_layout(M, c, d):
     # The ops are tagged flexible_layout (Inductor may hand over its buffers' views as they are): compiled
-    # calls on transposed views of pointwise results, with planes and a bias that are views too, equal the
-    # eager calls bit for bit.
+    # calls on transposed views of pointwise results, with planes and a bias that are views too, equal
+    # eager calls on contiguous copies bit for bit.
     ops = torch.ops.flash_eqlinear
     names = ["eq_linear_fwd", "eq_linear_bwd_weight", "eq_group_dft", "eq_linear_bwd", "eq_linear_fwd_xf"]
     for name in names + ["eq_linear_bwd_xf", "eq_linear_fwd_gelu", "eq_linear_fwd_cast"]:
         assert torch.Tag.flexible_layout in getattr(ops, name).default.tags, name
-    x, planes, b = make(300, 48, 40, torch.bfloat16)
-    gy = torch.randn(300, 160, device=DEV).to(torch.bfloat16)
+    x, planes, b = make(M, c, d, torch.bfloat16)
+    gy = torch.randn(M, 4 * d, device=DEV).to(torch.bfloat16)
     bias = torch.stack([b, b], 1)[:, 0]  # stride 2
 
-    def fwd_bwd(xt, gyt, p):
+    def views(xt, gyt, p):
         y = ops.eq_linear_fwd((xt * 2).t(), p.transpose(1, 2).contiguous().transpose(1, 2), bias)
         return y, ops.eq_linear_bwd((gyt + 1).t(), (xt * 2).t(), p, True, True, True, False)
 
-    got = torch.compile(fwd_bwd, fullgraph=True)(x.t().contiguous(), gy.t().contiguous(), planes)
-    want = fwd_bwd(x.t().contiguous(), gy.t().contiguous(), planes)
+    got = torch.compile(views, fullgraph=True)(x.t().contiguous(), gy.t().contiguous(), planes)
+    y = ops.eq_linear_fwd(x * 2, planes, b)
+    want = (y, ops.eq_linear_bwd(gy + 1, x * 2, planes, True, True, True, False))
     assert all(torch.equal(g, w) for g, w in zip((got[0], *got[1]), (want[0], *want[1]), strict=True))
 
 
