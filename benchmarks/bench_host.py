@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -23,23 +22,12 @@ import torch.nn as nn
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
+sys.path.insert(0, str(ROOT))
+from common import host_us  # noqa: E402
 
 import flash_eqlinear as fe  # noqa: E402
 from flash_eqlinear import ops as O  # noqa: E402
 from flash_eqlinear import reference  # noqa: E402
-
-
-def host_us(fn, calls: int) -> float:
-    """Microseconds of host time per call of fn (no synchronisation between calls)."""
-    for _ in range(max(10, calls // 10)):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    us = (time.perf_counter() - t) / calls * 1e6
-    torch.cuda.synchronize()
-    return us
 
 
 def main(argv=None) -> int:

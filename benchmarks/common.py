@@ -6,6 +6,7 @@ import json
 import os
 import statistics
 import subprocess
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -95,6 +96,20 @@ def bench(fn, args_list, min_time_s: float = 0.25, max_samples: int = 200, min_c
         total += ms
         samples.append(ms / (passes * len(args_list)))
     return statistics.median(samples)
+
+
+def host_us(fn, n: int = 300) -> float:
+    """Host time per call (microseconds) of fn, on tensors small enough that the GPU never holds the host
+    back: what the Python / dispatch side costs. No synchronisation between the calls."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
 
 
 def measure_ceilings() -> dict:

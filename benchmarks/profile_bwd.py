@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -27,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_op import EAGER_CALLS, graphed, portable  # noqa: E402
-from common import bench, env_switch  # noqa: E402
+from common import bench, env_switch, host_us  # noqa: E402
 
 import flash_eqlinear as fe  # noqa: E402
 from flash_eqlinear import reference  # noqa: E402
@@ -103,19 +102,6 @@ def case(dt, M: int, c: int) -> dict:
     }
 
 
-def cpu_us(fn, n: int = 300) -> float:
-    """Host time per call (microseconds) of fn on tiny tensors: what the Python/dispatch side costs."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
-
-
 def cpu_overhead(dt) -> None:
     """Host cost of one backward (autograd.grad of all three gradients) and of its parts."""
     M, c = 256, 64
@@ -137,7 +123,7 @@ def cpu_overhead(dt) -> None:
         "whole bwd op": lambda: eqf.eq_linear_bwd(gy, x.detach(), planes.detach(), True, True, True, True),
         "gw fused op": lambda: eqf.eq_linear_bwd_weight(x.detach(), gy),
     }
-    print(" | ".join(f"{k} {cpu_us(f):.0f} us" for k, f in parts.items()), flush=True)
+    print(" | ".join(f"{k} {host_us(f):.0f} us" for k, f in parts.items()), flush=True)
 
 
 def trace(dt, M: int, c: int, calls: int = 20) -> None:
