@@ -490,8 +490,7 @@ std::tuple<at::Tensor, at::Tensor> eq_linear_fwd_cast(const at::Tensor& x, const
   TORCH_CHECK(x.scalar_type() == at::kFloat && (low == at::kHalf || low == at::kBFloat16),
               "eq_linear_fwd_cast: want a float32 x and float16 / bfloat16 planes, got ",
               c10::toString(x.scalar_type()), " and ", c10::toString(low));
-  TORCH_CHECK(x.dim() == 2, "eq_linear_fwd_cast: x must be 2-D (M, 4c), got ", shape(x.sizes()));
-  const at::cuda::CUDAGuard guard(x.device());
+  const at::cuda::CUDAGuard guard(x.device());  // (fwd checks the shapes, with this op's name)
   const at::Tensor xl = x.to(x.options().dtype(low), false, false, at::MemoryFormat::Contiguous);
   return {fwd(xl, planes, bias, false, "eq_linear_fwd_cast"), xl};
 }
