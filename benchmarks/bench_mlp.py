@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_network import environment, time_calls  # noqa: E402
+from common import env_switch  # noqa: E402
 
 import flash_eqlinear as fe  # noqa: E402
 from flash_eqlinear.models import eq_vit  # noqa: E402
@@ -137,13 +138,12 @@ def main(argv=None) -> None:
             torch.cuda.empty_cache()
         torch.backends.cuda.matmul.allow_tf32 = False
     if "portable" in parts:  # the mma.sync kernel (the sm_80 / sm_89 path) on this GPU
-        os.environ["FLASH_EQLINEAR_SM90"] = "0"
         M, C, H = MLP_SHAPES["ViT-B"]
         what = f"MLP ViT-B (M={M}, C={C}, H={H}, bfloat16) inference, mma.sync kernel (FLASH_EQLINEAR_SM90=0)"
-        record(what, alternate(mlp_calls(M, C, H, torch.bfloat16, False), args.rounds, 3, 20))
-        times = alternate(network_calls("B", torch.float16), args.rounds, 3, 10)
+        with env_switch("FLASH_EQLINEAR_SM90", "0"):
+            record(what, alternate(mlp_calls(M, C, H, torch.bfloat16, False), args.rounds, 3, 20))
+            times = alternate(network_calls("B", torch.float16), args.rounds, 3, 10)
         record("EQ-ViT-B fp16 inference, batch 128, mma.sync kernel (FLASH_EQLINEAR_SM90=0)", times)
-        del os.environ["FLASH_EQLINEAR_SM90"]
     if args.out:
         path = Path(__file__).parent / "results" / args.out
         path.write_text(json.dumps({"env": environment(DEV), "args": vars(args), "rows": rows}, indent=1))
