@@ -3,9 +3,10 @@
 A training step of a network whose layers are small enough is bound by the host: the Python and
 dispatcher work per call, not the GPU. This times, inside one bf16 autocast region, calls on small
 tensors (M = 256 rows, so the GPU never holds the host back): wall time per call over a few hundred
-calls, after a warm-up, without synchronising in between. Rows: nn.Linear, FlashEQLinear with an FP32
-and a bf16 input, ``flash_eq_linear`` without casts, the registered op with and without autograd, and
-the Python pieces of the wrapper (casts, checks, dispatch decisions).
+calls, after a warm-up, without synchronising in between. Rows: nn.Linear and FlashEQLinear (forward with
+an FP32 and a bf16 input, forward + backward, eval-mode inference), ``flash_eq_linear`` without casts,
+the registered op with and without autograd, and the Python pieces of the wrapper (casts, checks,
+dispatch decisions).
 
 Usage:
   python benchmarks/bench_host.py [--c 192 --d 576 --calls 400]
@@ -14,6 +15,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from pathlib import Path
 
@@ -50,10 +52,26 @@ def main(argv=None) -> int:
     xd, pd, bd = xb.detach(), pb.detach(), bb.detach()
     ops = torch.ops.flash_eqlinear
     bf16 = torch.bfloat16
+    gy = torch.randn(M, 4 * d, device=dev, dtype=bf16)
+
+    def train_step(layer, x):
+        layer(x).backward(gy)
+
+    def inference(layer, x):
+        with torch.no_grad():
+            layer(x)
+
+    lin_eval, flash_eval = (copy.deepcopy(m).eval() for m in (lin, flash))
     rows = [
         ("nn.Linear forward, FP32 x (weight cast cached by autocast)", lambda: lin(x32)),
         ("FlashEQLinear forward, FP32 x (eq_linear_fwd_cast)", lambda: flash(x32)),
         ("FlashEQLinear forward, bf16 x", lambda: flash(xb)),
+        ("nn.Linear forward + backward, FP32 x", lambda: train_step(lin, x32)),
+        ("FlashEQLinear forward + backward, FP32 x", lambda: train_step(flash, x32)),
+        ("nn.Linear forward + backward, bf16 x", lambda: train_step(lin, xb)),
+        ("FlashEQLinear forward + backward, bf16 x", lambda: train_step(flash, xb)),
+        ("nn.Linear inference (eval, no_grad), FP32 x", lambda: inference(lin_eval, x32)),
+        ("FlashEQLinear inference (eval, no_grad), FP32 x", lambda: inference(flash_eval, x32)),
         ("flash_eq_linear, bf16 x, weight and bias (no casts)", lambda: O.flash_eq_linear(xb, pb, bb)),
         ("op eq_linear_fwd, with autograd", lambda: ops.eq_linear_fwd(xb, pb, bb)),
         ("op eq_linear_fwd_cast, with autograd", lambda: ops.eq_linear_fwd_cast(x32, pb, bb)),

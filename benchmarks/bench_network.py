@@ -10,8 +10,8 @@ NaiveEQLinear; flash: FlashEQLinear) it records:
   that for FlashEQLinear with T = 4 (the group transforms' additions are not counted). Both the
   executed count and the dense-equivalent count are stored;
 * inference latency (median of CUDA-event timed forwards after warm-up) and throughput, batch
-  128 at 224x224, in FP32 (TF32 off), optionally FP32 with TF32 allowed (--dtypes tf32) and FP16
-  (the model cast to half), under inference_mode;
+  128 at 224x224, in FP32 (TF32 off), optionally FP32 with TF32 allowed (--dtypes tf32), FP16
+  (the model cast to half) and FP32 under bf16 autocast (--dtypes amp), under inference_mode;
 * the time spent in all linear layers and its share of the forward: a second timed pass with CUDA
   events recorded by forward pre/post hooks around every linear layer (also per layer name:
   qkv, proj, fc1, fc2, reduction, head). The flash models' MLPs run their layers one by one in
@@ -63,7 +63,8 @@ import flash_eqlinear as fe  # noqa: E402
 from flash_eqlinear.models import MODELS, SCALES, VARIANTS, is_linear_layer  # noqa: E402
 
 # "tf32": the FP32 model with TF32 allowed for matmuls and convolutions (what many FP32 users run)
-DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16}
+# "amp": FP32 parameters and input, the forward under bf16 autocast (the casts are then part of each call).
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "amp": torch.float32}
 # Training steps run as written ("eager") or with the model wrapped in torch.compile ("compiled").
 TRAIN_MODES = ("eager", "compiled")
 # Fraction of the dense multiply-adds a FlashEQLinear performs, by group size (6/16 for p4).
@@ -280,7 +281,8 @@ def bench_inference(kind, scale, variant, args, device) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = dname == "tf32"
         try:
             x = torch.randn(args.batch, 3, S, S, device=device, dtype=dt)
-            with torch.inference_mode():
+            amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dname == "amp")
+            with torch.inference_mode(), amp:
                 ms = time_calls(lambda: model(x), device, args.warmup, args.iters)  # noqa: B023
                 lin = time_linear_layers(model, x, device, min(args.warmup, 3), args.linear_iters)
             lat = statistics.median(ms)
@@ -482,7 +484,9 @@ def parse_args(argv=None):
     ap.add_argument("--models", default="vit,swin", help="comma list of: vit, swin")
     ap.add_argument("--scales", default=",".join(SCALES), help="comma list of: T, S, B, L, H")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list of: plain, naive, flash")
-    ap.add_argument("--dtypes", default="fp32,fp16", help="inference dtypes: fp32, tf32, fp16")
+    ap.add_argument(
+        "--dtypes", default="fp32,fp16", help="inference dtypes: fp32, tf32, fp16, amp (FP32, bf16 autocast)"
+    )
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--img", type=int, default=224)
     ap.add_argument("--num-classes", type=int, default=1000)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from . import reference
 from .fourier import check_group_size, naive_to_planes, planes_to_naive
-from .ops import autocast_inputs, flash_eq_linear
+from .ops import _autocast_dtype, _cast_to, autocast_inputs, flash_eq_linear
 
 __all__ = ["FlashEQLinear", "NaiveEQLinear", "LAYOUT_KEY"]
 
@@ -54,6 +54,47 @@ class _EQLinearBase(nn.Module):
         self.bias = nn.Parameter(torch.empty(d, device=device, dtype=dtype)) if bias else None
         self.reset_parameters()
         self.register_state_dict_post_hook(_record_layout)
+        self._cache: tuple | None = None  # see _cached
+
+    def _caches(self) -> bool:
+        """Whether this call may reuse tensors derived from the parameters (:meth:`_cached`): eval mode,
+        not under torch.compile, and no gradient of the parameters being recorded (inference)."""
+        if self.training or torch.compiler.is_compiling():
+            return False
+        w, b = self.weight, self.bias
+        return not (torch.is_grad_enabled() and (w.requires_grad or (b is not None and b.requires_grad)))
+
+    def _cached(self, tag, make):
+        """``make()``, a tensor (or tuple) derived from the parameters, reused while their storage and
+        versions, ``tag`` and the inference-mode state are unchanged, as equivariant convolution libraries
+        do with their expanded filters: an in-place update through torch (optimizer step, ``copy_``,
+        ``load_state_dict``) or a new tensor invalidates it; writes through ``.data`` are not seen (call
+        ``.eval()`` again after them). One entry per layer, never saved or pickled. Callers check
+        :meth:`_caches` first."""
+        w, b = self.weight, self.bias
+        key = (tag, w.data_ptr(), w._version, torch.is_inference_mode_enabled())
+        if b is not None:
+            key += (b.data_ptr(), b._version)
+        cache = getattr(self, "_cache", None)  # None in modules pickled before it existed
+        if cache is not None and cache[1] == key:
+            return cache[2]
+        value = make()
+        # The aliases keep the parameters' storage alive, so their addresses cannot be reused by others.
+        self._cache = ((w.detach(), None if b is None else b.detach()), key, value)
+        return value
+
+    def train(self, mode: bool = True):
+        self._cache = None
+        return super().train(mode)
+
+    def _apply(self, fn, recurse=True):
+        self._cache = None
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self):
+        state = dict(super().__getstate__())  # a copy: the live module keeps its cache
+        state["_cache"] = None
+        return state
 
     def _from_group(self, w: torch.Tensor) -> torch.Tensor:
         """Group-domain weight (d, c, T) -> this layer's parameter layout."""
@@ -122,7 +163,7 @@ class NaiveEQLinear(_EQLinearBase):
 
     Parameters: ``weight`` (d, c, T) group-domain weight, ``bias`` (d,) shared by the T copies.
 
-    In eval mode, when no gradient of the weight is being recorded (inference), the expanded weight
+    In eval mode, when no gradient of the parameters is being recorded (inference), the expanded weight
     is kept and reused until the weight changes, as equivariant convolution libraries do with their
     expanded filters: an in-place update through torch (optimizer step, ``copy_``, ``load_state_dict``)
     or a new tensor invalidates it; writes through ``weight.data`` are not seen (call ``.eval()``
@@ -136,44 +177,19 @@ class NaiveEQLinear(_EQLinearBase):
         # The (T, T) tap index of the expansion, kept on the weight's device (not in state_dict).
         idx = reference.circulant_index(self.group_size, device)
         self.register_buffer("circulant_index", idx, persistent=False)
-        self._dense_cache: tuple | None = None
 
     def naive_weight(self) -> torch.Tensor:
         return self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, w, b = autocast_inputs(x, self.weight, self.bias)
-        if self.training or torch.compiler.is_compiling() or (torch.is_grad_enabled() and w.requires_grad):
+        if not self._caches():
             return reference.naive_eq_linear(x, w, b, self.group_size, self.circulant_index)
         T = reference.check_inputs(x, w, b, self.group_size, "group")[0]  # the same errors as uncached
-        dense = self._cached_dense(w)
+        # w: the weight, possibly cast by autocast
+        wd, idx = w.detach(), self.circulant_index
+        dense = self._cached((w.dtype, w.device), lambda: reference.dense_weight(wd, idx))
         return F.linear(x, dense, reference.dense_bias(b, T))
-
-    def _cached_dense(self, w: torch.Tensor) -> torch.Tensor:
-        """The dense weight of ``w`` (the weight, possibly cast by autocast), reused while the
-        weight's storage, version, the cast dtype and the inference-mode state are unchanged."""
-        p = self.weight
-        key = (p.data_ptr(), p._version, w.dtype, w.device, torch.is_inference_mode_enabled())
-        cache = self._dense_cache
-        if cache is not None and cache[1] == key:
-            return cache[2]
-        dense = reference.dense_weight(w.detach(), self.circulant_index)
-        # The alias keeps the weight's storage alive, so its address cannot be reused by another.
-        self._dense_cache = (p.detach(), key, dense)
-        return dense
-
-    def train(self, mode: bool = True):
-        self._dense_cache = None
-        return super().train(mode)
-
-    def _apply(self, fn, recurse=True):
-        self._dense_cache = None
-        return super()._apply(fn, recurse)
-
-    def __getstate__(self):
-        state = dict(super().__getstate__())  # a copy: the live module keeps its cache
-        state["_dense_cache"] = None
-        return state
 
 
 class FlashEQLinear(_EQLinearBase):
@@ -184,6 +200,11 @@ class FlashEQLinear(_EQLinearBase):
     Initialised so the group-domain weight has nn.Linear(C, D)'s distribution. ``load_state_dict``
     also accepts naive checkpoints (reference-style ``weights (d,1,c,T)``/``c (d,1)`` and
     ``NaiveEQLinear``'s own).
+
+    Under ``torch.autocast`` in eval mode, when no gradient of the parameters is being recorded
+    (inference), the weight and bias cast to autocast's dtype are kept and reused until they change
+    (the rules of ``NaiveEQLinear``'s expanded weight), as autocast keeps ``nn.Linear``'s casts within
+    a region: one 16-bit copy of the parameters per layer, and no cast per call.
     """
 
     _layout = "planes"
@@ -196,7 +217,17 @@ class FlashEQLinear(_EQLinearBase):
         return planes_to_naive(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return flash_eq_linear(x, self.weight, self.bias, self.group_size)
+        return flash_eq_linear(x, *self._params_for(x), self.group_size)
+
+    def _params_for(self, x) -> tuple:
+        """(weight, bias) for a call on ``x``: in inference under autocast their kept casts (above), else
+        the parameters themselves."""
+        weight, bias = self.weight, self.bias
+        cast = _autocast_dtype(x) if isinstance(x, torch.Tensor) else None
+        if cast is not None and weight.dtype != cast and self._caches():
+            w, b = weight.detach(), None if bias is None else bias.detach()
+            weight, bias = self._cached(cast, lambda: _cast_to(cast, None, w, b, cast_x=False)[1:])
+        return weight, bias
 
     @classmethod
     def from_naive(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> FlashEQLinear:

@@ -333,6 +333,48 @@ if kernels_available():
         "flash_eqlinear::eq_linear_fwd_xf", _backward_xf, setup_context=_setup_context_xf
     )
 
+    def _eager_function(op, setup_context, backward):
+        """``op`` as an ``autograd.Function`` with the setup_context and backward registered for it above:
+        the same graph node, without the registered kernel's per-call Python (argument normalisation, a
+        redispatch, functorch bookkeeping), which costs about as much host time as the CUDA op itself.
+        Eager calls of the layers take it (:func:`_call`)."""
+
+        def forward(ctx, *args):  # ctx here: a separate setup_context costs an inspect.signature per call
+            with torch._C._AutoDispatchBelowAutograd():
+                out = op(*args)
+            setup_context(ctx, args, out)
+            return out
+
+        name = f"{op.name().split('::')[-1]}_eager"
+        methods = {"forward": staticmethod(forward), "backward": staticmethod(backward)}
+        return type(name, (torch.autograd.Function,), methods).apply
+
+    _EAGER = {
+        kind: (op.default, _eager_function(op.default, setup_context, backward))
+        for kind, op, setup_context, backward in (
+            ("fwd", torch.ops.flash_eqlinear.eq_linear_fwd, _setup_context, _backward),
+            ("cast", torch.ops.flash_eqlinear.eq_linear_fwd_cast, _setup_context_cast, _backward_cast),
+            ("xf", torch.ops.flash_eqlinear.eq_linear_fwd_xf, _setup_context_xf, _backward_xf),
+            ("gelu", torch.ops.flash_eqlinear.eq_linear_fwd_gelu, _setup_context_gelu, _backward_gelu),
+        )
+    }
+
+
+def _call(kind: str, x, weight, bias):
+    """One forward op of :func:`flash_eq_linear` or :func:`flash_eq_mlp` (``kind``: "fwd", "cast", "xf" or
+    "gelu"). Eager calls skip the registered autograd kernel's Python: below the autograd key where
+    nothing needs a gradient, else the equivalent ``autograd.Function`` (:func:`_eager_function`). Under
+    torch.compile and functorch transforms the registered op runs as it is (the same backward)."""
+    op, fn = _EAGER[kind]
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return op(x, weight, bias)
+    if torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    ):
+        return fn(x, weight, bias)
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(x, weight, bias)
+
 
 def x_from_halved_planes(xf: torch.Tensor) -> torch.Tensor:
     """x (M, 4c) interleaved, in FP32, from its Fourier planes as eq_linear_fwd_xf returns them: column
@@ -383,8 +425,22 @@ def _gemm_training_forward(dtype: torch.dtype, c: int, d: int, device_index: int
 def _sm90(device_index: int | None) -> bool:
     """Whether the Hopper kernels may run on this CUDA device (compute capability 9.x, FLASH_EQLINEAR_SM90
     not "0"; read when called)."""
-    enabled = os.environ.get("FLASH_EQLINEAR_SM90", "1") != "0"
-    return enabled and torch.cuda.get_device_capability(device_index)[0] == 9
+    return os.environ.get("FLASH_EQLINEAR_SM90", "1") != "0" and _capability_major(device_index) == 9
+
+
+_CAPABILITY_MAJOR: dict[int, int] = {}
+
+
+def _capability_major(device_index: int | None) -> int:
+    """The compute capability's major number of a CUDA device (None: the current one), looked up once per
+    device: ``torch.cuda.get_device_capability`` costs microseconds of host time, and layers ask on every
+    call."""
+    if device_index is None:
+        device_index = torch.cuda.current_device()
+    major = _CAPABILITY_MAJOR.get(device_index)
+    if major is None:
+        major = _CAPABILITY_MAJOR[device_index] = torch.cuda.get_device_capability(device_index)[0]
+    return major
 
 
 def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
@@ -401,17 +457,21 @@ def autocast_inputs(x, weight, bias, cast_x: bool = True):
     float64 go to the autocast dtype; anything else is left for the input checks to reject.
     ``cast_x=False`` leaves x as it is."""
     cast = _autocast_dtype(x) if isinstance(x, torch.Tensor) else None
-    if cast is None:
-        return x, weight, bias
+    return (x, weight, bias) if cast is None else _cast_to(cast, x, weight, bias, cast_x)
+
+
+def _cast_to(cast: torch.dtype, x, weight, bias, cast_x: bool = True):
+    """:func:`autocast_inputs` with autocast's dtype given."""
 
     def to(t):
-        eligible = isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
-        return t.to(cast) if eligible else t
+        if not isinstance(t, torch.Tensor) or t.dtype in (cast, torch.float64) or not t.is_floating_point():
+            return t
+        return t.to(cast)
 
     return to(x) if cast_x else x, to(weight), to(bias)
 
 
-def _keeps_fp32_input(x, weight, group_size) -> bool:
+def _keeps_fp32_input(x, weight, group_size, cast: torch.dtype | None = None) -> bool:
     """Whether an FP32 x that autocast would cast to fp16 / bf16 goes to the fused kernels as it is:
     in training (x needs its gradient) on the CUDA path, eq_linear_fwd_cast rounds it in the op and its
     backward writes grad_x in FP32 from the kernel, which saves the cast's backward (a 16-bit -> FP32 pass
@@ -420,7 +480,7 @@ def _keeps_fp32_input(x, weight, group_size) -> bool:
     Under torch.compile x is cast first: Inductor fuses the cast into the kernel that makes x (LayerNorm,
     pointwise ops) and the backward's widening into the one that takes grad_x, and the 16-bit grad_x
     kernels are faster (H100, bf16 training step, compiled: EQ-ViT-B 34.30 -> 31.95 ms, EQ-ViT-L 87.77
-    -> 81.91 ms; benchmarks/README.md, v21)."""
+    -> 81.91 ms; benchmarks/README.md, v21). ``cast``: autocast's dtype for x, where the caller has it."""
     if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
         return False
     if torch.compiler.is_compiling():
@@ -431,14 +491,17 @@ def _keeps_fp32_input(x, weight, group_size) -> bool:
         return False
     if os.environ.get("FLASH_EQLINEAR_FUSED_CAST", "1").strip() == "0":
         return False
-    return _autocast_dtype(x) in (torch.float16, torch.bfloat16) and backend_for(x, group_size) == "cuda"
+    cast = _autocast_dtype(x) if cast is None else cast
+    return cast in (torch.float16, torch.bfloat16) and backend_for(x, group_size) == "cuda"
 
 
 def _autocast_and_check(x, weight, bias, group_size):
     """One layer's inputs as autocast casts them (x kept FP32 where :func:`_keeps_fp32_input` says) and
     checked: (x, weight, bias, whether x stayed FP32, (T, c, d))."""
-    keep32 = _keeps_fp32_input(x, weight, group_size)
-    x, weight, bias = autocast_inputs(x, weight, bias, cast_x=not keep32)
+    cast = _autocast_dtype(x) if isinstance(x, torch.Tensor) else None
+    keep32 = cast is not None and _keeps_fp32_input(x, weight, group_size, cast)
+    if cast is not None:
+        x, weight, bias = _cast_to(cast, x, weight, bias, cast_x=not keep32)
     x_dtype = weight.dtype if keep32 else None
     dims = reference.check_inputs(x, weight, bias, group_size, "planes", input_dtype=x_dtype)
     return x, weight, bias, keep32, dims
@@ -470,10 +533,8 @@ def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torc
         hidden = torch.nn.functional.gelu(flash_eq_linear(x, weight1, bias1, T))
         return flash_eq_linear(hidden, weight2, bias2, T)
     reference.check_inputs(x.new_empty((0, h * T)), weight2, bias2, T, "planes")  # layer 2's dtype, device
-    hidden = torch.ops.flash_eqlinear.eq_linear_fwd_gelu(
-        x.reshape(-1, c * T).contiguous(), weight1.contiguous(), bias1
-    )
-    y = torch.ops.flash_eqlinear.eq_linear_fwd(hidden, weight2.contiguous(), bias2)
+    hidden = _call("gelu", x.reshape(-1, c * T).contiguous(), weight1.contiguous(), bias1)
+    y = _call("fwd", hidden, weight2.contiguous(), bias2)
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
@@ -500,7 +561,7 @@ def flash_eq_linear(x, weight, bias=None, group_size: int = 4) -> torch.Tensor:
         w = planes_to_naive(weight if weight.dtype in (torch.float32, torch.float64) else weight.float())
         return reference.naive_eq_linear(x, w.to(weight.dtype), bias, T)
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, c * T)
+    x2 = x if x.dim() == 2 else x.reshape(-1, c * T)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
     keeps_planes = (
@@ -509,9 +570,9 @@ def flash_eq_linear(x, weight, bias=None, group_size: int = 4) -> torch.Tensor:
         and _gemm_training_forward(weight.dtype, c, d, x2.device.index)
     )
     if keep32 and not keeps_planes:
-        y, _ = torch.ops.flash_eqlinear.eq_linear_fwd_cast(x2, weight.contiguous(), bias)
+        y, _ = _call("cast", x2, weight.contiguous(), bias)
     elif keeps_planes:
-        y, _ = torch.ops.flash_eqlinear.eq_linear_fwd_xf(x2.to(weight.dtype), weight.contiguous(), bias)
+        y, _ = _call("xf", x2.to(weight.dtype), weight.contiguous(), bias)
     else:
-        y = torch.ops.flash_eqlinear.eq_linear_fwd(x2, weight.contiguous(), bias)
-    return y.reshape(*lead, d * T)
+        y = _call("fwd", x2, weight.contiguous(), bias)
+    return y if x.dim() == 2 else y.reshape(*lead, d * T)

@@ -524,6 +524,33 @@ def test_opcheck(dtype):
     torch.library.opcheck(op, tuple(grads))
 
 
+@pytest.mark.parametrize("kind", ["fwd", "cast", "xf"])
+def test_eager_function_matches_registered_op(kind):
+    """Eager calls of flash_eq_linear run the ops through ops._call (an autograd.Function below the
+    autograd key, or no autograd at all where nothing needs a gradient); torch.compile and direct calls
+    use the op's registered autograd kernel. Same outputs and gradients, bit for bit."""
+    from flash_eqlinear import ops
+
+    x, planes, b = make(67, 48, 40, torch.bfloat16, seed=5)
+    if kind == "cast":  # an FP32 x, rounded in the op, grad_x in FP32
+        x = x.float() + torch.randn_like(x, dtype=torch.float32) * 1e-3
+    gy = torch.randn(67, 160, device=DEV).to(torch.bfloat16)
+    op = ops._EAGER[kind][0]
+
+    def run(fn):
+        args = [t.detach().clone().requires_grad_() for t in (x, planes, b)]
+        out = fn(*args)
+        y = out[0] if isinstance(out, tuple) else out
+        y.backward(gy)
+        return [y.detach()] + [a.grad for a in args]
+
+    for got, want in zip(run(lambda *a: ops._call(kind, *a)), run(op), strict=True):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    with torch.no_grad():  # below the autograd key
+        y = ops._call(kind, x, planes, b)
+    assert torch.equal(y[0] if isinstance(y, tuple) else y, run(op)[0])
+
+
 def test_torch_compile_fullgraph():
     model = torch.nn.Sequential(fe.FlashEQLinear(256, 512), torch.nn.GELU(), fe.FlashEQLinear(512, 256)).to(
         DEV

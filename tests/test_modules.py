@@ -627,7 +627,7 @@ def test_naive_no_cache_in_training_or_with_weight_grad(count_expansions, gen):
     layer.eval()
     y = layer(x)  # grad enabled and the weight requires it: expanded per call, gradients flow
     layer(x)
-    assert len(count_expansions) == 4 and layer._dense_cache is None
+    assert len(count_expansions) == 4 and layer._cache is None
     y.sum().backward()
     assert layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
 
@@ -658,7 +658,7 @@ def test_naive_cache_dtype_changes(gen):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             yb = layer(x.float())
         assert yb.dtype == torch.bfloat16
-        assert layer._dense_cache[2].dtype == torch.bfloat16
+        assert layer._cache[2].dtype == torch.bfloat16
 
 
 def test_naive_cache_not_pickled(gen):
@@ -669,9 +669,35 @@ def test_naive_cache_not_pickled(gen):
         layer(torch.randn(2, 12, generator=gen, dtype=F64))
     buf = io.BytesIO()
     torch.save(layer, buf)
-    assert layer._dense_cache is not None
+    assert layer._cache is not None
     buf.seek(0)
-    assert torch.load(buf, weights_only=False)._dense_cache is None
+    assert torch.load(buf, weights_only=False)._cache is None
+
+
+def test_flash_autocast_inference_reuses_casts(gen):
+    """Eval-mode inference under autocast keeps the weight and bias cast to autocast's dtype until they
+    change; training mode and recorded gradients cast per call. The same outputs either way."""
+    bf16 = torch.bfloat16
+    layer = fe.FlashEQLinear(32, 24).eval()
+    x = torch.randn(5, 32, generator=gen)
+    with torch.autocast("cpu", dtype=bf16):
+        with torch.no_grad():
+            y1 = layer(x)
+            cached = layer._cache[2]
+            assert [t.dtype for t in cached] == [bf16, bf16]
+            assert torch.equal(layer(x), y1) and layer._cache[2] is cached
+            layer.weight.mul_(2)  # an in-place update: cast again
+            y2 = layer(x)
+            assert layer._cache[2] is not cached
+            assert torch.equal(y2, fe.flash_eq_linear(x, layer.weight.to(bf16), layer.bias.to(bf16)))
+        y = layer(x)  # gradients recorded: cast per call, and they reach the parameters
+        assert torch.equal(y.detach(), y2)
+        y.float().sum().backward()
+        assert layer.weight.grad.abs().sum() > 0 and layer.bias.grad.abs().sum() > 0
+        layer.train()
+        assert layer._cache is None
+        with torch.no_grad():
+            assert torch.equal(layer(x), y2) and layer._cache is None
 
 
 def test_naive_inference_checks_inputs_like_training():

@@ -245,7 +245,7 @@ class Mlp(nn.Module):
             and self.act.approximate == "none"
             and not any(m._forward_hooks or m._forward_pre_hooks for m in (fc1, self.act, fc2))
         ):
-            return flash_eq_mlp(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias, fc1.group_size)
+            return flash_eq_mlp(x, *fc1._params_for(x), *fc2._params_for(x), fc1.group_size)
         return fc2(self.act(fc1(x)))
 
 
