@@ -9,13 +9,14 @@ the registered op with and without autograd, and the Python pieces of the wrappe
 dispatch decisions).
 
 Usage:
-  python benchmarks/bench_host.py [--c 192 --d 576 --calls 400]
+  python benchmarks/bench_host.py [--c 192 --d 576 --calls 200 --rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 import sys
 from pathlib import Path
 
@@ -37,7 +38,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=256)
     ap.add_argument("--c", type=int, default=192, help="input fields (in_features = 4c)")
     ap.add_argument("--d", type=int, default=576, help="output fields (out_features = 4d)")
-    ap.add_argument("--calls", type=int, default=400)
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5, help="timings per row, taken in turn with the others")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() or not fe.kernels_available():
         print("needs a CUDA device and the built kernels", file=sys.stderr)
@@ -86,10 +88,15 @@ def main(argv=None) -> int:
     ]
     gpu = torch.cuda.get_device_name()
     print(f"M = {M}, c = {c}, d = {d}, bf16 autocast, {gpu}, torch {torch.__version__}")
-    print("\n| call | host us |\n|---|---:|")
+    times: list[list[float]] = [[] for _ in rows]
     with torch.autocast(dev, dtype=bf16):
-        for name, fn in rows:
-            print(f"| {name} | {host_us(fn, args.calls):.1f} |", flush=True)
+        for _ in range(args.rounds):  # rows in turn, so that a slow spell of the host hits them all alike
+            for t, (_, fn) in zip(times, rows, strict=True):
+                t.append(host_us(fn, args.calls))
+    print(f"\nus per call over {args.calls} calls, {args.rounds} rounds")
+    print("| call | min | median |\n|---|---:|---:|")
+    for t, (name, _) in zip(times, rows, strict=True):
+        print(f"| {name} | {min(t):.1f} | {statistics.median(t):.1f} |")
     return 0
 
 

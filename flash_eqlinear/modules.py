@@ -41,20 +41,10 @@ def _init_group_weight(d, c, T, device, dtype):
     return w.to(dtype), b.to(dtype)
 
 
-class _EQLinearBase(nn.Module):
-    _layout = ""
-
-    def __init__(self, in_features, out_features, bias, group_size, device, dtype):
-        super().__init__()
-        T, c, d = _split_features(in_features, out_features, group_size)
-        self.group_size, self.c, self.d = T, c, d
-        self.in_features, self.out_features = in_features, out_features
-        shape = (T, d, c) if self._layout == "planes" else (d, c, T)
-        self.weight = nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
-        self.bias = nn.Parameter(torch.empty(d, device=device, dtype=dtype)) if bias else None
-        self.reset_parameters()
-        self.register_state_dict_post_hook(_record_layout)
-        self._cache: tuple | None = None  # see _cached
+class ParamCache:
+    """For modules with parameters ``weight`` and ``bias`` (or None): tensors derived from them (a cast, an
+    expansion) kept for inference calls (:meth:`_caches`, :meth:`_cached`). Set ``self._cache = None`` in
+    ``__init__``."""
 
     def _caches(self) -> bool:
         """Whether this call may reuse tensors derived from the parameters (:meth:`_cached`): eval mode,
@@ -75,7 +65,7 @@ class _EQLinearBase(nn.Module):
         key = (tag, w.data_ptr(), w._version, torch.is_inference_mode_enabled())
         if b is not None:
             key += (b.data_ptr(), b._version)
-        cache = getattr(self, "_cache", None)  # None in modules pickled before it existed
+        cache = getattr(self, "_cache", None)  # absent in modules pickled before it existed
         if cache is not None and cache[1] == key:
             return cache[2]
         value = make()
@@ -95,6 +85,22 @@ class _EQLinearBase(nn.Module):
         state = dict(super().__getstate__())  # a copy: the live module keeps its cache
         state["_cache"] = None
         return state
+
+
+class _EQLinearBase(ParamCache, nn.Module):
+    _layout = ""
+
+    def __init__(self, in_features, out_features, bias, group_size, device, dtype):
+        super().__init__()
+        T, c, d = _split_features(in_features, out_features, group_size)
+        self.group_size, self.c, self.d = T, c, d
+        self.in_features, self.out_features = in_features, out_features
+        shape = (T, d, c) if self._layout == "planes" else (d, c, T)
+        self.weight = nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(d, device=device, dtype=dtype)) if bias else None
+        self.reset_parameters()
+        self.register_state_dict_post_hook(_record_layout)
+        self._cache = None
 
     def _from_group(self, w: torch.Tensor) -> torch.Tensor:
         """Group-domain weight (d, c, T) -> this layer's parameter layout."""

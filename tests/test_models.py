@@ -183,6 +183,29 @@ def _swap_copy(model: nn.Module) -> tuple[nn.Module, list[str]]:
     return flash, swap_eq_linear(flash)
 
 
+def test_group_layer_norm_inference_keeps_expanded_params():
+    """Eval-mode inference reuses the expanded affine parameters until they change; training expands per
+    call and trains them. The same outputs either way."""
+    from flash_eqlinear.models.layers import GroupLayerNorm
+
+    ln = GroupLayerNorm(24, 4).eval()
+    with torch.no_grad():
+        ln.weight.uniform_(0.5, 1.5), ln.bias.uniform_(-1, 1)
+    x = torch.randn(3, 5, 24)
+    w, b = ln.weight.repeat_interleave(4), ln.bias.repeat_interleave(4)
+    want = torch.nn.functional.layer_norm(x, (24,), w, b)
+    with torch.no_grad():
+        y = ln(x)
+        kept = ln._cache[2]
+        assert torch.equal(y, want) and torch.equal(ln(x), y) and ln._cache[2] is kept
+        ln.bias.add_(1.0)  # an in-place update: expanded again
+        torch.testing.assert_close(ln(x), want + 1.0)
+        assert ln._cache[2] is not kept
+    ln.train()
+    ln(x).sum().backward()
+    assert ln._cache is None and ln.weight.grad is not None and ln.bias.grad.abs().sum() > 0
+
+
 @pytest.mark.parametrize("kind", ["vit", "swin"])
 def test_flash_matches_naive_same_weights(kind):
     naive = tiny(kind, "naive")

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..modules import FlashEQLinear, NaiveEQLinear
+from ..modules import FlashEQLinear, NaiveEQLinear, ParamCache
 from ..ops import flash_eq_mlp
 from ..swap import is_naive_eq_linear
 
@@ -126,12 +126,13 @@ def group_pool(x: torch.Tensor, group_size: int) -> torch.Tensor:
     return x.unflatten(-1, (x.shape[-1] // group_size, group_size)).mean(-1)
 
 
-class GroupLayerNorm(nn.Module):
+class GroupLayerNorm(ParamCache, nn.Module):
     """LayerNorm over all ``C = c*G`` channels with affine parameters shared by the G copies.
 
     Mean and variance over all channels are invariant under any permutation of the group axis;
     ``weight`` and ``bias`` have shape ``(c,)`` and are expanded over the group axis. With G = 1
-    this is ``nn.LayerNorm``.
+    this is ``nn.LayerNorm``. In eval-mode inference the expanded parameters are kept until the
+    parameters change (the rules of ``NaiveEQLinear``'s expanded weight).
     """
 
     def __init__(self, num_features: int, group_size: int = GROUP_SIZE, eps: float = 1e-5):
@@ -140,13 +141,17 @@ class GroupLayerNorm(nn.Module):
         c = _check_fields("num_features", num_features, group_size)
         self.weight = nn.Parameter(torch.ones(c))
         self.bias = nn.Parameter(torch.zeros(c))
+        self._cache = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        G = self.group_size
+        w, b = self._cached(None, self._expanded) if self._caches() else self._expanded()
+        return F.layer_norm(x, (self.num_features,), w, b, self.eps)
+
+    def _expanded(self) -> tuple[torch.Tensor, torch.Tensor]:
         # Each parameter once per group copy (index o*G + g): one copy kernel (repeat_interleave launches
         # several and costs more host time per call).
-        w, b = (t.unsqueeze(-1).expand(-1, G).reshape(-1) for t in (self.weight, self.bias))
-        return F.layer_norm(x, (self.num_features,), w, b, self.eps)
+        G = self.group_size
+        return tuple(t.unsqueeze(-1).expand(-1, G).reshape(-1) for t in (self.weight, self.bias))
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, group_size={self.group_size}, eps={self.eps}"
