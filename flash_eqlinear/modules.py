@@ -48,19 +48,25 @@ class ParamCache:
 
     def _caches(self) -> bool:
         """Whether this call may reuse tensors derived from the parameters (:meth:`_cached`): eval mode,
-        not under torch.compile, and no gradient of the parameters being recorded (inference)."""
-        if self.training or torch.compiler.is_compiling():
+        not under torch.compile, and no gradient of the parameters being recorded (inference). A call that
+        may not (training mode, gradients recorded) drops them: an optimizer step may follow, and fused
+        optimizers (``fused=True``) update parameters without bumping their version."""
+        if torch.compiler.is_compiling():
             return False
         w, b = self.weight, self.bias
-        return not (torch.is_grad_enabled() and (w.requires_grad or (b is not None and b.requires_grad)))
+        grads = torch.is_grad_enabled() and (w.requires_grad or (b is not None and b.requires_grad))
+        if self.training or grads:
+            self._cache = None
+            return False
+        return True
 
     def _cached(self, tag, make):
         """``make()``, a tensor (or tuple) derived from the parameters, reused while their storage and
         versions, ``tag`` and the inference-mode state are unchanged, as equivariant convolution libraries
         do with their expanded filters: an in-place update through torch (optimizer step, ``copy_``,
-        ``load_state_dict``) or a new tensor invalidates it; writes through ``.data`` are not seen (call
-        ``.eval()`` again after them). One entry per layer, never saved or pickled. Callers check
-        :meth:`_caches` first."""
+        ``load_state_dict``) or a new tensor invalidates it, and :meth:`_caches` drops it in calls that
+        record gradients; writes through ``.data`` are not seen (call ``.eval()`` again after them). One
+        entry per layer, never saved or pickled. Callers check :meth:`_caches` first."""
         w, b = self.weight, self.bias
         key = (tag, w.data_ptr(), w._version, torch.is_inference_mode_enabled())
         if b is not None:
@@ -172,8 +178,10 @@ class NaiveEQLinear(_EQLinearBase):
     In eval mode, when no gradient of the parameters is being recorded (inference), the expanded weight
     is kept and reused until the weight changes, as equivariant convolution libraries do with their
     expanded filters: an in-place update through torch (optimizer step, ``copy_``, ``load_state_dict``)
-    or a new tensor invalidates it; writes through ``weight.data`` are not seen (call ``.eval()``
-    again after them). It costs one (D, C) tensor per layer and is never saved or pickled.
+    or a new tensor invalidates it, and so does any call that records gradients (after which a fused
+    optimizer may update the weight without bumping its version); writes through ``weight.data`` are not
+    seen (call ``.eval()`` again after them). It costs one (D, C) tensor per layer and is never saved or
+    pickled.
     """
 
     _layout = "group"
@@ -230,7 +238,7 @@ class FlashEQLinear(_EQLinearBase):
         the parameters themselves."""
         weight, bias = self.weight, self.bias
         cast = _autocast_dtype(x) if isinstance(x, torch.Tensor) else None
-        if cast is not None and weight.dtype != cast and self._caches():
+        if self._caches() and cast is not None and weight.dtype != cast:  # _caches first: it may drop them
             w, b = weight.detach(), None if bias is None else bias.detach()
             weight, bias = self._cached(cast, lambda: _cast_to(cast, None, w, b, cast_x=False)[1:])
         return weight, bias

@@ -1,5 +1,6 @@
 """FlashEQLinear and NaiveEQLinear: parameters, equivalence, export/import, init, training, state."""
 
+import copy
 import math
 
 import pytest
@@ -698,6 +699,27 @@ def test_flash_autocast_inference_reuses_casts(gen):
         assert layer._cache is None
         with torch.no_grad():
             assert torch.equal(layer(x), y2) and layer._cache is None
+
+
+@pytest.mark.parametrize("cls", [fe.NaiveEQLinear, fe.FlashEQLinear])
+def test_cache_sees_fused_optimizer_steps(cls, gen):
+    """Fine-tuning in eval mode with a fused optimizer, which updates the parameters without bumping their
+    version: the forward that records gradients drops what the layer kept, so the next inference call
+    sees the new parameters."""
+    layer = cls(32, 24).eval()
+    opt = torch.optim.AdamW(layer.parameters(), lr=0.1, fused=True)
+    x = torch.randn(5, 32, generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(2):
+            with torch.no_grad():
+                y = layer(x)
+                fresh = copy.deepcopy(layer)(x)  # a copy keeps nothing
+                assert torch.equal(y, fresh)
+            version = layer.weight._version
+            opt.zero_grad()
+            layer(x).float().square().sum().backward()
+            opt.step()
+            assert layer.weight._version == version  # what makes the version key blind to the step
 
 
 def test_naive_inference_checks_inputs_like_training():
