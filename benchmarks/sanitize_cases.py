@@ -102,9 +102,11 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16) if "bwd" in DIRECTIO
 # chunks, M off the 32-row k tile, last o tiles of 64 channels beside full ones.
 WGRAD_SHAPES = [(1, 2, 2), (33, 16, 48), (4097, 48, 200), (3001, 130, 258), (700, 200, 1026), (9000, 66, 16)]
 WGRAD_SHAPES += [(40, 130, 258), (3000, 64, 192)]
-for dtype in (torch.float16, torch.bfloat16) if "wgrad" in DIRECTIONS else ():
-    for M, c, d in WGRAD_SHAPES:
-        check_weight_grad(dtype, M, c, d, "wgrad")
+for swap in ("0", "1") if "wgrad" in DIRECTIONS else ():  # the Hopper kernel's operand roles, both
+    with env_switch("FLASH_EQLINEAR_WGRAD_SWAP", swap):
+        for dtype in (torch.float16, torch.bfloat16):
+            for M, c, d in WGRAD_SHAPES:
+                check_weight_grad(dtype, M, c, d, f"wgrad swap={swap}")
 # The GEMM forms with fp16 / bf16 plane products (FLASH_EQLINEAR_PRODUCTS=gemm): the forward (halved
 # group DFT, inverse DFT + bias into 16-bit) and the whole backward with grad_x from grad_y's planes;
 # pairs and single channels; the planes-keeping training forward and its backward.

@@ -341,15 +341,18 @@ bool use_bk32(const DeviceInfo& info) { return info.smem_optin >= WCfg32::kSmem;
 struct Choice {
   split::Plan plan;
   bool sm90 = false;
+  bool swap = false;       // the Hopper kernel with x as the A operand
   int64_t bias_parts = 1;  // bias partials per row chunk
 };
 
 Choice choose(int64_t M, int64_t c, int64_t d, const DeviceInfo& info, int dev) {
   Choice ch;
   ch.sm90 = eq_bwd_weight_sm90_eligible(M, c, d, dev);
+  ch.swap = ch.sm90 && eq_bwd_weight_sm90_swap(c, d);
   const split::TileModel* model = ch.sm90 ? &kBwdWeightSm90Model : use_bk32(info) ? &kModel32 : &kModel16;
-  ch.plan = split::make_plan(M, c, d, info.sms, model, 1);
-  if (ch.sm90) ch.bias_parts = eq_bwd_weight_sm90_bias_parts(c);
+  // The plan counts tiles as (d / BD) x (c / BC): with swapped roles the A side is c
+  ch.plan = ch.swap ? split::make_plan(M, d, c, info.sms, model, 1) : split::make_plan(M, c, d, info.sms, model, 1);
+  if (ch.sm90) ch.bias_parts = eq_bwd_weight_sm90_bias_parts(c, ch.swap);
   return ch;
 }
 
@@ -402,7 +405,7 @@ cudaError_t bwd_weight_mma(const BwdWeightParams& p, cudaStream_t stream) {
 
   const bool fast = p.c % 2 == 0 && p.d % 2 == 0;
   if (ch.sm90) {
-    const BwdWeightSm90Args a{p.x, p.gy, kp.ws, kp.ws_bias, p.M, plan.chunk_rows, kp.c, kp.d, kp.ldw, plan.S};
+    const BwdWeightSm90Args a{p.x, p.gy, kp.ws, kp.ws_bias, p.M, plan.chunk_rows, kp.c, kp.d, kp.ldw, plan.S, ch.swap};
     err = std::is_same_v<T, __half> ? eq_bwd_weight_sm90_fp16(a, stream) : eq_bwd_weight_sm90_bf16(a, stream);
   } else if (use_bk32(info))
     err = fast ? launch<T, WCfg32, true>(kp, plan, stream) : launch<T, WCfg32, false>(kp, plan, stream);

@@ -24,9 +24,16 @@
 //   warp 0, one thread: the TMA loads, tile by tile.
 //   warps 1-3: x's transform (FP32, rounded once), then a fence to the async proxy (wgmma reads the
 //     stores) before "ready".
-//   warpgroups 1 and 2: the consumers (o rows 0-63, 64-127). setmaxnreg: 48 / 224.
+//   warpgroups 1 and 2: the consumers (o rows 0-63, 64-127). setmaxnreg: 48 (56 with kSwap) / 224.
 // Separate rings measured 2-5% faster at the layers this kernel takes than one 3-stage ring of all
 // three (benchmarks/README.md, v16).
+//
+// Swapped roles (kSwap): x takes grad_y's place as the A operand (its transform in registers, tiles of
+// 128 input channels) and grad_y takes x's (transformed in shared memory, tiles of 64 output channels);
+// the block computes the transposed tile, stored transposed, with PI's sign flipped (gI fR - gR fI =
+// -(fI gR - fR gI)), and the transform warps sum grad_bias from grad_y's raw values. Same work per
+// block; it is chosen where it wastes fewer tile columns (sm90_swap_roles: e.g. d = 192, c = 768, where
+// the last 128-wide o tile would be half empty).
 //
 // A fragments: a fragment row holds one o, a register pair two consecutive m. Fragment rows gid and
 // gid + 8 of a warp are its o pair (2 gid, 2 gid + 1), so that one LDS.128 of raw grad_y (the 4 group
@@ -46,6 +53,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -69,7 +77,8 @@ constexpr uint32_t kPlane = kBC * kBK * 2;                        // 4 KB
 constexpr uint32_t kXOff = kGyStages * kGyBytes;                  // the raw x ring
 constexpr uint32_t kPlanesOff = kXOff + kXStages * kXBytes;         // x's four planes, kPlaneBufs buffers
 constexpr uint32_t kBarOff = kPlanesOff + kPlaneBufs * 4 * kPlane;  // the mbarriers
-constexpr int kSmem = kBarOff + 2 * (kGyStages + kXStages + kPlaneBufs) * 8 + 1024;  // + alignment slack
+constexpr uint32_t kBiasOff = kBarOff + 2 * (kGyStages + kXStages + kPlaneBufs) * 8;  // kSwap: [3 warps][64]
+constexpr int kSmem = kBiasOff + kXformWarps * kBC * 4 + 1024;  // + alignment slack
 static_assert(kBD == 128 && kBC == 64 && kBK == 32, "the layouts above");
 static_assert(32 * (1 + kXformWarps) == 128, "the producer warpgroup: the TMA warp and the transform warps");
 static_assert(kGyBytes % 1024 == 0 && kXOff % 1024 == 0 && kPlanesOff % 1024 == 0, "aligned bases");
@@ -85,13 +94,19 @@ struct KParams {
   float* ws_bias;
   int64_t M, chunk_rows;
   int c, d, ldw;
+  int na;  // channels of the A operand (grad_y's d; with kSwap x's c)
 };
 
-// Producer warps 1-3: x's four planes of every k tile (header).
-template <class T>
-__device__ __forceinline__ void transform_x(uint32_t base, const Bars& bar, int KT) {
+// Producer warps 1-3: the B operand's four planes of every k tile (header). With kSwap (B = grad_y) they
+// also sum grad_bias over the k tiles kt with kt % (A tiles) == blockIdx.x (the blocks of a chunk that
+// share these rows split the work), in FP32, and write the block's partial.
+template <class T, bool kSwap>
+__device__ __forceinline__ void transform_x(const KParams& p, uint32_t base, const Bars& bar, int KT) {
   const int wt = (threadIdx.x >> 5) - 1, lane = threadIdx.x & 31;
+  const bool bias = kSwap && p.ws_bias != nullptr;
+  float bsum[2] = {0.f, 0.f};  // channels lane, 32 + lane of the B tile
   for (int kt = 0; kt < KT; ++kt) {
+    const bool bias_tile = bias && kt % static_cast<int>(gridDim.x) == static_cast<int>(blockIdx.x);
     const int s = kt % kXStages, buf = kt % kPlaneBufs;
     mbar_wait(bar.x_full + 8 * s, (kt / kXStages) & 1);
     if (kt >= kPlaneBufs) mbar_wait(bar.pfree + 8 * buf, ((kt / kPlaneBufs) - 1) & 1);  // its last tile was read
@@ -107,6 +122,13 @@ __device__ __forceinline__ void transform_x(uint32_t base, const Bars& bar, int 
           const uint2 v = lds64(xr + (8 * mg + 2 * i + h) * 512 + ci * 8);
           const float2 a = Elem<T>::unpack(v.x), b = Elem<T>::unpack(v.y);
           dft4<Elem<T>::kHalve>(a.x, a.y, b.x, b.y, f[h][0], f[h][1], f[h][2], f[h][3]);
+          if (bias_tile) {  // f0: the four values' sum (halved for fp16); no array indexed at run time
+            const float g = f[h][0];
+            if (u & 1)
+              bsum[1] += g;
+            else
+              bsum[0] += g;
+          }
         }
 #pragma unroll
         for (int pl = 0; pl < 4; ++pl) packed[pl][i] = Elem<T>::pack(f[0][pl], f[1][pl]);
@@ -122,10 +144,27 @@ __device__ __forceinline__ void transform_x(uint32_t base, const Bars& bar, int 
       mbar_arrive(bar.ready + 8 * buf);
     }
   }
+  if (bias) {  // the three warps' sums of each channel, added in warp order
+    const uint32_t red = base + kBiasOff;  // [warp][channel of the B tile]
+    sts32(red + 4 * (wt * kBC + lane), __float_as_uint(bsum[0]));
+    sts32(red + 4 * (wt * kBC + 32 + lane), __float_as_uint(bsum[1]));
+    named_barrier_sync(1, 32 * kXformWarps);
+    if (wt == 0) {
+      const int o0 = static_cast<int>(blockIdx.y) * kBC;
+      float* const wb = p.ws_bias + (int64_t(blockIdx.z) * gridDim.x + blockIdx.x) * p.d;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int ch = 32 * h + lane;
+        const float s0 = __uint_as_float(lds32(red + 4 * ch)), s1 = __uint_as_float(lds32(red + 4 * (kBC + ch)));
+        const float sum = (s0 + s1) + __uint_as_float(lds32(red + 4 * (2 * kBC + ch)));
+        if (o0 + ch < p.d) wb[o0 + ch] = Elem<T>::kHalve ? 2.f * sum : sum;  // fp16's f0 is halved
+      }
+    }
+  }
 }
 
 // The consumer warpgroups (warps 4-11).
-template <class T>
+template <class T, bool kSwap>
 __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const Bars& bar, int KT) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, t = lane & 3;
@@ -134,7 +173,7 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
   const uint32_t a_lo = cw * kGyBox + 2 * t * 128 + ((gid ^ (2 * t)) << 4);
   const uint32_t a_hi = cw * kGyBox + (2 * t + 1) * 128 + ((gid ^ (2 * t + 1)) << 4);
   const uint64_t desc0 = wgmma_desc_sw64(base + kPlanesOff);  // plane buffer 0, plane f0, k16 step 0
-  const bool bias = p.ws_bias != nullptr;
+  const bool bias = !kSwap && p.ws_bias != nullptr;  // with kSwap the transform warps sum grad_bias
   const int num_c = static_cast<int>(gridDim.y), my_c = static_cast<int>(blockIdx.y);
 
   float acc[4][8][4];  // sets: 0 = P0, 1 = PR, 2 = PI, 3 = P2; [n8 block][C fragment]
@@ -188,7 +227,7 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
       wgmma_m64n64_rs<T, 1>(acc[0], f[0], d0);
       wgmma_m64n64_rs<T, 1>(acc[3], f[3], d2);
       wgmma_m64n64_rs<T, 1>(acc[1], f[2], di);
-      wgmma_m64n64_rs<T, -1>(acc[2], f[1], di);
+      wgmma_m64n64_rs<T, -1>(acc[2], f[1], di);  // with kSwap: -PI (header), negated in the store
       wgmma_commit();
       if (kt + 1 < KT) {  // v[ks] is in f now: load this step's rows of the next k tile
         const int next = (kt + 1) % kGyStages;
@@ -207,9 +246,28 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
   // ---- FP32 partials: one float2 (ci, ci + 1) per (set, o); ldw % 4 == 0 and ci even, so ci < c
   // implies ci + 1 < ldw.
   const int c = p.c, d = p.d;
-  const int o_lo = static_cast<int>(blockIdx.x) * kBD + 16 * cw + 2 * gid;  // fragment row gid; gid + 8: o_lo + 1
+  const int r_lo = static_cast<int>(blockIdx.x) * kBD + 16 * cw + 2 * gid;  // channel of fragment row gid; gid + 8: r_lo + 1
   const int c0 = my_c * kBC;
   float* const ws = p.ws + int64_t(blockIdx.z) * 4 * d * p.ldw;
+  if constexpr (kSwap) {  // rows: input channels r_lo, r_lo + 1 (one float2); columns: o, o + 1
+    if (r_lo >= c) return;  // c even: r_lo + 1 < c too
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int o = c0 + 8 * j + 2 * t + i;
+        if (o >= d) continue;
+#pragma unroll
+        for (int pl = 0; pl < 4; ++pl) {
+          const float sg = pl == 2 ? -1.f : 1.f;
+          *reinterpret_cast<float2*>(ws + (int64_t(pl) * d + o) * p.ldw + r_lo) =
+              make_float2(sg * acc[pl][j][i], sg * acc[pl][j][2 + i]);
+        }
+      }
+    }
+    return;
+  }
+  const int o_lo = r_lo;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int ci = c0 + 8 * j + 2 * t;
@@ -237,7 +295,8 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
   }
 }
 
-template <class T>
+// tm_gy / tm_x: the A / B operands' maps (grad_y / x; with kSwap x / grad_y).
+template <class T, bool kSwap>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __grid_constant__ CUtensorMap tm_x,
                           const KParams p) {
@@ -257,7 +316,7 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
   // A last o tile of 64 channels or fewer (d % 128 in 1 .. 64: ViT-B's d = 192, 576) leaves consumer
   // warpgroup 2 (o rows 64-127) nothing: it idles, its grad_y boxes are not loaded, and the stages
   // wait for warpgroup 1's four warps only.
-  const bool upper_idle = static_cast<int>(blockIdx.x) * kBD + 64 >= p.d;
+  const bool upper_idle = static_cast<int>(blockIdx.x) * kBD + 64 >= p.na;
   const int consumer_warps = upper_idle ? 4 : 8;
 
   if (threadIdx.x == 0) {
@@ -278,7 +337,7 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
   __syncthreads();
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
-    setmaxnreg_dec<48>();
+    setmaxnreg_dec<kSwap ? 56 : 48>();  // kSwap: the bias sums; 56 x 128 + 224 x 256 = 168 x 384
     if (threadIdx.x == 0) {
       tma_prefetch_desc(&tm_gy);
       tma_prefetch_desc(&tm_x);
@@ -295,11 +354,11 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
         tma_load_2d(base + kXOff + sx * kXBytes, &tm_x, c0 * 4, row, bar.x_full + 8 * sx);
       }
     } else if (threadIdx.x >= 32) {
-      transform_x<T>(base, bar, KT);
+      transform_x<T, kSwap>(p, base, bar, KT);
     }
   } else {
     setmaxnreg_inc<224>();
-    if (threadIdx.x < 256 || !upper_idle) consume<T>(p, base, bar, KT);
+    if (threadIdx.x < 256 || !upper_idle) consume<T, kSwap>(p, base, bar, KT);
   }
 #else
   (void)tm_gy, (void)tm_x, (void)p;
@@ -307,27 +366,36 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
 #endif
 }
 
-template <class T>
+template <class T, bool kSwap>
 cudaError_t launch(const BwdWeightSm90Args& a, cudaStream_t stream) {
   constexpr int kE = sizeof(T);
-  CUtensorMap tm_gy, tm_x;
-  const cuuint64_t g_dims[2] = {static_cast<cuuint64_t>(4 * a.d), static_cast<cuuint64_t>(a.M)};
-  const cuuint64_t g_strides[1] = {static_cast<cuuint64_t>(4 * kE) * a.d};
-  const cuuint32_t g_box[2] = {64, kBK};  // 16 o x 4 group values: 128 bytes
-  const cuuint64_t x_dims[2] = {static_cast<cuuint64_t>(4 * a.c), static_cast<cuuint64_t>(a.M)};
-  const cuuint64_t x_strides[1] = {static_cast<cuuint64_t>(4 * kE) * a.c};
-  const cuuint32_t x_box[2] = {4 * kBC, kBK};  // 64 channels x 4 group values: 512 bytes
-  if (!encode(&tm_gy, a.gy, kE, 2, g_dims, g_strides, g_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
-      !encode(&tm_x, a.x, kE, 2, x_dims, x_strides, x_box, CU_TENSOR_MAP_SWIZZLE_NONE))
+  // The A operand (tiles of kBD channels) and the B operand (tiles of kBC channels)
+  const void* const pa = kSwap ? a.x : a.gy;
+  const void* const pb = kSwap ? a.gy : a.x;
+  const int64_t na = kSwap ? a.c : a.d, nb = kSwap ? a.d : a.c;
+  CUtensorMap tm_a, tm_b;
+  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(4 * na), static_cast<cuuint64_t>(a.M)};
+  const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(4 * kE) * na};
+  const cuuint32_t a_box[2] = {64, kBK};  // 16 channels x 4 group values: 128 bytes
+  const cuuint64_t b_dims[2] = {static_cast<cuuint64_t>(4 * nb), static_cast<cuuint64_t>(a.M)};
+  const cuuint64_t b_strides[1] = {static_cast<cuuint64_t>(4 * kE) * nb};
+  const cuuint32_t b_box[2] = {4 * kBC, kBK};  // 64 channels x 4 group values: 512 bytes
+  if (!encode(&tm_a, pa, kE, 2, a_dims, a_strides, a_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode(&tm_b, pb, kE, 2, b_dims, b_strides, b_box, CU_TENSOR_MAP_SWIZZLE_NONE))
     return cudaErrorInvalidValue;
-  KParams kp{a.ws, a.ws_bias, a.M, a.chunk_rows, a.c, a.d, a.ldw};
-  auto kernel = eq_bwd_weight_sm90_kernel<T>;
+  KParams kp{a.ws, a.ws_bias, a.M, a.chunk_rows, a.c, a.d, a.ldw, static_cast<int>(na)};
+  auto kernel = eq_bwd_weight_sm90_kernel<T, kSwap>;
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (e != cudaSuccess) return e;
-  const int64_t grid_d = (a.d + kBD - 1) / kBD, grid_c = (a.c + kBC - 1) / kBC;
-  if (grid_d > 0x7fffffff || grid_c > 65535 || a.S < 1 || a.S > 65535) return cudaErrorInvalidConfiguration;
-  kernel<<<dim3(unsigned(grid_d), unsigned(grid_c), unsigned(a.S)), kThreads, kSmem, stream>>>(tm_gy, tm_x, kp);
+  const int64_t grid_a = (na + kBD - 1) / kBD, grid_b = (nb + kBC - 1) / kBC;
+  if (grid_a > 0x7fffffff || grid_b > 65535 || a.S < 1 || a.S > 65535) return cudaErrorInvalidConfiguration;
+  kernel<<<dim3(unsigned(grid_a), unsigned(grid_b), unsigned(a.S)), kThreads, kSmem, stream>>>(tm_a, tm_b, kp);
   return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t launch(const BwdWeightSm90Args& a, cudaStream_t stream) {
+  return a.swap ? launch<T, true>(a, stream) : launch<T, false>(a, stream);
 }
 
 }  // namespace
@@ -343,7 +411,15 @@ bool eq_bwd_weight_sm90_eligible(int64_t M, int64_t c, int64_t d, int dev) {
     return false;
   }
   static int8_t known[64] = {};
-  return major == 9 && smem_optin >= kSmem && kernel_runs_sm90a(eq_bwd_weight_sm90_kernel<__half>, dev, known);
+  return major == 9 && smem_optin >= kSmem &&
+         kernel_runs_sm90a(eq_bwd_weight_sm90_kernel<__half, false>, dev, known);
+}
+
+bool eq_bwd_weight_sm90_swap(int64_t c, int64_t d) {
+  if (const char* v = std::getenv("FLASH_EQLINEAR_WGRAD_SWAP"); v != nullptr && (*v == '0' || *v == '1'))
+    return *v == '1';
+  const auto padded = [](int64_t n, int64_t tile) { return (n + tile - 1) / tile * tile; };
+  return padded(c, kBD) * padded(d, kBC) < padded(d, kBD) * padded(c, kBC);
 }
 
 cudaError_t eq_bwd_weight_sm90_fp16(const BwdWeightSm90Args& args, cudaStream_t stream) {

@@ -19,14 +19,25 @@ struct BwdWeightSm90Args {
   int64_t M;
   int64_t chunk_rows;  // rows per split: a multiple of kBwdWeightSm90Model.BK
   int c, d, ldw, S;
+  bool swap;           // x as the A operand (eq_bwd_weight_sm90_swap)
 };
 
 // The tile as the split plan models it: 128 output x 64 input channels, 32 rows per k tile, one block
 // of 384 threads per SM. The MAC rate is a planning figure (half the dense fp16 peak of an H100 SM).
 constexpr split::TileModel kBwdWeightSm90Model{128, 64, 32, 1, 384, 1024.0, 6000.0, true};
 
-// Bias partials per row chunk: each of the chunk's c tiles sums grad_y over a share of its k tiles.
-inline int64_t eq_bwd_weight_sm90_bias_parts(int64_t c) { return (c + 63) / 64; }
+// Bias partials per row chunk: each block of the chunk that shares its grad_y rows (its x tiles: 64
+// channels wide, 128 with swapped roles) sums grad_y over a share of its k tiles.
+inline int64_t eq_bwd_weight_sm90_bias_parts(int64_t c, bool swap) {
+  const int64_t tile = swap ? kBwdWeightSm90Model.BD : kBwdWeightSm90Model.BC;
+  return (c + tile - 1) / tile;
+}
+
+// Whether the kernel takes x as the A operand (tiles of 128 input channels) and grad_y as the B operand
+// (tiles of 64 output channels): where that pads the (d, c) output to fewer tile cells, e.g. d = 192,
+// c = 768 (the last 128-wide o tile half empty otherwise). FLASH_EQLINEAR_WGRAD_SWAP=0|1 forces either
+// (read at each call).
+bool eq_bwd_weight_sm90_swap(int64_t c, int64_t d);
 
 // Whether the Hopper kernel runs for these sizes on device dev: an sm_90 device running sm_90a code,
 // FLASH_EQLINEAR_SM90 not "0", c and d even (TMA row strides), M < 2^31 - 64 (32-bit TMA row
@@ -34,7 +45,7 @@ inline int64_t eq_bwd_weight_sm90_bias_parts(int64_t c) { return (c + 63) / 64; 
 // query and the launch agree.
 bool eq_bwd_weight_sm90_eligible(int64_t M, int64_t c, int64_t d, int dev);
 
-// One launch of args.S x (c tiles) x (d tiles) blocks on `stream` (the caller checked eligibility).
+// One launch of (A tiles) x (B tiles) x args.S blocks on `stream` (the caller checked eligibility).
 cudaError_t eq_bwd_weight_sm90_fp16(const BwdWeightSm90Args& args, cudaStream_t stream);
 cudaError_t eq_bwd_weight_sm90_bf16(const BwdWeightSm90Args& args, cudaStream_t stream);
 

@@ -248,6 +248,11 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_bar) {
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
 #endif
 }
+// The `threads` threads (a multiple of 32) that reach named barrier `id` (1..15; 0 is __syncthreads'),
+// with their shared-memory accesses ordered across it.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // All threads of all CTAs of the cluster.
 __device__ __forceinline__ void cluster_sync() {
 #ifdef FLASH_EQLINEAR_WGMMA

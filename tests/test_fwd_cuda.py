@@ -1032,19 +1032,40 @@ SM90_WEIGHT_GRAD_SHAPES += [(9000, 66, 16), (40, 130, 258), (3000, 64, 192)]
 SM90_WEIGHT_GRAD_SHAPES += [(25216, 192, 576), (25216, 768, 192)]
 
 
-@pytest.mark.parametrize("path", ["sm90", "portable"])
+@pytest.mark.parametrize("path", ["sm90", "sm90-swapped", "portable"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("M, c, d", SM90_WEIGHT_GRAD_SHAPES)
 def test_fused_weight_grad_each_path(M, c, d, dtype, path, monkeypatch):
-    # FLASH_EQLINEAR_SM90=0 forces the mma.sync kernel where the Hopper one would run; both meet
-    # check_fused_weight_grad's criteria, and the profiler's kernel names say which one ran.
-    monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1" if path == "sm90" else "0")
+    # FLASH_EQLINEAR_SM90=0 forces the mma.sync kernel where the Hopper one would run, and
+    # FLASH_EQLINEAR_WGRAD_SWAP the Hopper kernel's operand roles (x as the A operand: the template's
+    # second argument); all meet check_fused_weight_grad's criteria, and the profiler's kernel names say
+    # which one ran.
+    monkeypatch.setenv("FLASH_EQLINEAR_SM90", "0" if path == "portable" else "1")
+    monkeypatch.setenv("FLASH_EQLINEAR_WGRAD_SWAP", "1" if path == "sm90-swapped" else "0")
     check_fused_weight_grad(M, c, d, dtype)
     x, gy = torch.randn(M, 4 * c, device=DEV, dtype=dtype), torch.randn(M, 4 * d, device=DEV, dtype=dtype)
     names = launched_kernels(lambda: torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy))
-    hopper = path == "sm90" and torch.cuda.get_device_capability()[0] == 9
-    assert any("eq_bwd_weight_sm90_kernel" in n for n in names) == hopper, names
+    hopper = path != "portable" and torch.cuda.get_device_capability()[0] == 9
+    swapped = f", {str(path == 'sm90-swapped').lower()}>"
+    assert any("eq_bwd_weight_sm90_kernel" in n and swapped in n for n in names) == hopper, names
     assert any("eq_linear_bwd_weight_mma_kernel" in n for n in names) != hopper, names
+
+
+ROLE_CASES = [(768, 192, True), (128, 64, True), (192, 576, False), (192, 768, False), (256, 256, False)]
+
+
+@pytest.mark.parametrize("c, d, swapped", ROLE_CASES)
+def test_weight_grad_roles_by_default(c, d, swapped, monkeypatch):
+    """The Hopper weight gradient swaps its operand roles where that pads the output to fewer tile cells
+    (ViT-B's fc2: d = 192, c = 768), and only there."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Hopper kernel runs on compute capability 9.x")
+    monkeypatch.delenv("FLASH_EQLINEAR_WGRAD_SWAP", raising=False)
+    x = torch.randn(256, 4 * c, device=DEV, dtype=torch.bfloat16)
+    gy = torch.randn(256, 4 * d, device=DEV, dtype=torch.bfloat16)
+    names = launched_kernels(lambda: torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy))
+    want = f"eq_bwd_weight_sm90_kernel<__nv_bfloat16, {str(swapped).lower()}>"
+    assert any(want in n for n in names), names
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
