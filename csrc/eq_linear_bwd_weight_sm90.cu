@@ -24,7 +24,7 @@
 //   warp 0, one thread: the TMA loads, tile by tile.
 //   warps 1-3: x's transform (FP32, rounded once), then a fence to the async proxy (wgmma reads the
 //     stores) before "ready".
-//   warpgroups 1 and 2: the consumers (o rows 0-63, 64-127). setmaxnreg: 48 (56 with kSwap) / 224.
+//   warpgroups 1 and 2: the consumers (o rows 0-63, 64-127). setmaxnreg: 48 / 224.
 // Separate rings measured 2-5% faster at the layers this kernel takes than one 3-stage ring of all
 // three (benchmarks/README.md, v16).
 //
@@ -114,6 +114,7 @@ __device__ __forceinline__ void transform_x(const KParams& p, uint32_t base, con
     for (int u = wt; u < 8; u += kXformWarps) {  // unit: 32 channels x 8 rows
       const int ci = 32 * (u & 1) + lane, mg = u >> 1;
       uint32_t packed[4][4];  // [plane][row pair]
+      float usum = 0.f;       // kSwap: f0 (the four values' sum, halved for fp16) over the unit's rows
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         float f[2][4];
@@ -122,20 +123,20 @@ __device__ __forceinline__ void transform_x(const KParams& p, uint32_t base, con
           const uint2 v = lds64(xr + (8 * mg + 2 * i + h) * 512 + ci * 8);
           const float2 a = Elem<T>::unpack(v.x), b = Elem<T>::unpack(v.y);
           dft4<Elem<T>::kHalve>(a.x, a.y, b.x, b.y, f[h][0], f[h][1], f[h][2], f[h][3]);
-          if (bias_tile) {  // f0: the four values' sum (halved for fp16); no array indexed at run time
-            const float g = f[h][0];
-            if (u & 1)
-              bsum[1] += g;
-            else
-              bsum[0] += g;
-          }
         }
+        if constexpr (kSwap) usum += f[0][0] + f[1][0];  // unconditional: no branch in the unrolled body
 #pragma unroll
         for (int pl = 0; pl < 4; ++pl) packed[pl][i] = Elem<T>::pack(f[0][pl], f[1][pl]);
       }
       const uint32_t off = ci * 64 + ((mg ^ ((ci >> 1) & 3)) << 4);
 #pragma unroll
       for (int pl = 0; pl < 4; ++pl) sts128(pb + pl * kPlane + off, packed[pl]);
+      if (bias_tile) {  // (no register array indexed at run time: that would go to local memory)
+        if (u & 1)
+          bsum[1] += usum;
+        else
+          bsum[0] += usum;
+      }
     }
     fence_proxy_async_smem();  // the stores are read by wgmma (the async proxy)
     __syncwarp();
@@ -337,7 +338,7 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
   __syncthreads();
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
-    setmaxnreg_dec<kSwap ? 56 : 48>();  // kSwap: the bias sums; 56 x 128 + 224 x 256 = 168 x 384
+    setmaxnreg_dec<48>();
     if (threadIdx.x == 0) {
       tma_prefetch_desc(&tm_gy);
       tma_prefetch_desc(&tm_x);
