@@ -31,9 +31,10 @@
 // Swapped roles (kSwap): x takes grad_y's place as the A operand (its transform in registers, tiles of
 // 128 input channels) and grad_y takes x's (transformed in shared memory, tiles of 64 output channels);
 // the block computes the transposed tile, stored transposed, with PI's sign flipped (gI fR - gR fI =
-// -(fI gR - fR gI)), and the transform warps sum grad_bias from grad_y's raw values. Same work per
-// block; it is chosen where it wastes fewer tile columns (sm90_swap_roles: e.g. d = 192, c = 768, where
-// the last 128-wide o tile would be half empty).
+// -(fI gR - fR gI)), and the transform warps sum grad_bias (grad_y's f0, summed per unit outside the
+// unrolled transform body: a branch inside it slowed those warps, which set the pace, by 20-30%). Same
+// work per block; chosen where it pads the output to fewer tile cells (eq_bwd_weight_sm90_swap: e.g.
+// d = 192, c = 768, where the last 128-wide o tile would be half empty; 1.28x faster there).
 //
 // A fragments: a fragment row holds one o, a register pair two consecutive m. Fragment rows gid and
 // gid + 8 of a warp are its o pair (2 gid, 2 gid + 1), so that one LDS.128 of raw grad_y (the 4 group
@@ -54,6 +55,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -417,8 +419,9 @@ bool eq_bwd_weight_sm90_eligible(int64_t M, int64_t c, int64_t d, int dev) {
 }
 
 bool eq_bwd_weight_sm90_swap(int64_t c, int64_t d) {
-  if (const char* v = std::getenv("FLASH_EQLINEAR_WGRAD_SWAP"); v != nullptr && (*v == '0' || *v == '1'))
-    return *v == '1';
+  const char* v = std::getenv("FLASH_EQLINEAR_WGRAD_SWAP");
+  if (v != nullptr && std::strcmp(v, "0") == 0) return false;
+  if (v != nullptr && std::strcmp(v, "1") == 0) return true;
   const auto padded = [](int64_t n, int64_t tile) { return (n + tile - 1) / tile * tile; };
   return padded(c, kBD) * padded(d, kBC) < padded(d, kBD) * padded(c, kBC);
 }

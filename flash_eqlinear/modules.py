@@ -56,7 +56,8 @@ class ParamCache:
         w, b = self.weight, self.bias
         grads = torch.is_grad_enabled() and (w.requires_grad or (b is not None and b.requires_grad))
         if self.training or grads:
-            self._cache = None
+            if getattr(self, "_cache", None) is not None:  # (a module's setattr costs host time)
+                self._cache = None
             return False
         return True
 
