@@ -24,7 +24,8 @@
 //   warp 0, one thread: the TMA loads, tile by tile.
 //   warps 1-3: x's transform (FP32, rounded once), then a fence to the async proxy (wgmma reads the
 //     stores) before "ready".
-//   warpgroups 1 and 2: the consumers (o rows 0-63, 64-127). setmaxnreg: 48 / 224.
+//   warpgroups 1 and 2: the consumers (o rows 0-63, 64-127). setmaxnreg: 56 / 224 (56 x 128 + 224 x 256
+//     = the 168 x 384 registers the block starts with).
 // Separate rings measured 2-5% faster at the layers this kernel takes than one 3-stage ring of all
 // three (benchmarks/README.md, v16).
 //
@@ -113,7 +114,12 @@ __device__ __forceinline__ void transform_x(const KParams& p, uint32_t base, con
     mbar_wait(bar.x_full + 8 * s, (kt / kXStages) & 1);
     if (kt >= kPlaneBufs) mbar_wait(bar.pfree + 8 * buf, ((kt / kPlaneBufs) - 1) & 1);  // its last tile was read
     const uint32_t xr = base + kXOff + s * kXBytes, pb = base + kPlanesOff + buf * 4 * kPlane;
-    for (int u = wt; u < 8; u += kXformWarps) {  // unit: 32 channels x 8 rows
+    // Unit u: 32 channels x 8 rows; units wt, wt + 3, wt + 6 (< 8) unrolled, so that one unit's loads can
+    // overlap the previous one's math (0-6% faster at ViT sizes, benchmarks/README.md v22; 56 registers).
+#pragma unroll
+    for (int k = 0; k < (8 + kXformWarps - 1) / kXformWarps; ++k) {
+      const int u = wt + kXformWarps * k;
+      if (u >= 8) break;
       const int ci = 32 * (u & 1) + lane, mg = u >> 1;
       uint32_t packed[4][4];  // [plane][row pair]
       float usum = 0.f;       // kSwap: f0 (the four values' sum, halved for fp16) over the unit's rows
@@ -340,7 +346,7 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
   __syncthreads();
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
-    setmaxnreg_dec<48>();
+    setmaxnreg_dec<56>();
     if (threadIdx.x == 0) {
       tma_prefetch_desc(&tm_gy);
       tma_prefetch_desc(&tm_x);
