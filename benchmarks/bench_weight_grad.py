@@ -6,12 +6,14 @@ where it runs, and with FLASH_EQLINEAR_SM90=0 the mma.sync kernel), the dense we
 nn.Linear (gy^T x) for scale; the whole backward op with the fused weight gradient and the GEMM form's
 (from the training forward's kept planes); the forward and the plane-keeping training forward. The
 last columns add them up: one layer's forward + backward with either method, against three dense GEMMs.
-Writes benchmarks/results/weight_grad_<commit>.{json,md}.
+Writes benchmarks/results/weight_grad_<commit>.{json,md}. With --ab NAME=VALUE only the fused weight gradient
+is timed, with and without that switch in alternating rounds (weight_grad_ab_<name>_<commit>.json).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -70,6 +72,34 @@ def run_shape(M: int, c: int, d: int, dt: torch.dtype) -> dict:
     return r
 
 
+def ab_rows(switch: str, shapes: list[str], dtypes: list[str], rounds: int = 3) -> list[dict]:
+    """The fused weight gradient with and without the switch NAME=VALUE, in alternating rounds (the switch
+    holds while each graph is captured, which is when the kernels read it): us per call, medians."""
+    name, value = switch.split("=", 1)
+    op = torch.ops.flash_eqlinear.eq_linear_bwd_weight
+    rows = []
+    for dname in dtypes:
+        for shape in shapes:
+            M, c, d = SHAPES[shape]
+            g = torch.Generator(device="cuda").manual_seed(0)
+            x = torch.randn(M, 4 * c, device="cuda", dtype=DTYPES[dname], generator=g)
+            gy = torch.randn(M, 4 * d, device="cuda", dtype=DTYPES[dname], generator=g)
+            base, switched = [], []
+            for _ in range(rounds):
+                base.append(us(lambda: op(x, gy)))  # noqa: B023
+                switched.append(graphed_ms(lambda: op(x, gy), [()], {name: value}, min_time_s=0.15) * 1e3)  # noqa: B023
+            r = {"dtype": dname, "shape": shape, "M": M, "c": c, "d": d, "switch": switch}
+            r.update(default_us=statistics.median(base), switched_us=statistics.median(switched))
+            r["ratio"] = r["switched_us"] / r["default_us"]
+            print(
+                f"{dname} {shape}: default {r['default_us']:.1f} us, {switch} {r['switched_us']:.1f} us, "
+                f"ratio {r['ratio']:.3f}",
+                flush=True,
+            )
+            rows.append(r)
+    return rows
+
+
 def markdown(rows: list[dict], env: dict) -> str:
     out = [
         f"# Weight gradient and one layer's training step: {env['gpu']}, torch {env['torch']}, "
@@ -96,11 +126,25 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of: {', '.join(SHAPES)}")
     ap.add_argument("--dtypes", default="bf16,fp16")
+    ap.add_argument(
+        "--ab",
+        default=None,
+        metavar="NAME=VALUE",
+        help="only the fused weight gradient, with and without this switch (FLASH_EQLINEAR_WGRAD_SWAP=1)",
+    )
     args = ap.parse_args(argv)
+    if args.ab is not None and "=" not in args.ab:
+        ap.error("--ab takes NAME=VALUE")
     if not torch.cuda.is_available():
         print("error: no CUDA device", file=sys.stderr)
         return 1
     env = environment()
+    if args.ab is not None:
+        rows = ab_rows(args.ab, args.shapes.split(","), args.dtypes.split(","))
+        tag = args.ab.split("=", 1)[0].removeprefix("FLASH_EQLINEAR_").lower()
+        path = save_json(f"weight_grad_ab_{tag}_{git_commit()}.json", {"env": env, "rows": rows})
+        print(f"wrote {path}")
+        return 0
     rows = []
     for dname in args.dtypes.split(","):
         for name in args.shapes.split(","):
