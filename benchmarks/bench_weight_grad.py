@@ -44,9 +44,10 @@ SHAPES = {
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def us(fn, sm90: str = "1") -> float:
-    """us per call of fn, replayed from a CUDA graph captured with FLASH_EQLINEAR_SM90=sm90."""
-    return graphed_ms(fn, [()], {"FLASH_EQLINEAR_SM90": sm90}, min_time_s=0.15) * 1e3
+def us(fn, sm90: str = "1", switches: dict | None = None) -> float:
+    """us per call of fn, replayed from a CUDA graph captured with FLASH_EQLINEAR_SM90=sm90 and the given
+    other switches."""
+    return graphed_ms(fn, [()], {"FLASH_EQLINEAR_SM90": sm90, **(switches or {})}, min_time_s=0.15) * 1e3
 
 
 def run_shape(M: int, c: int, d: int, dt: torch.dtype) -> dict:
@@ -87,7 +88,7 @@ def ab_rows(switch: str, shapes: list[str], dtypes: list[str], rounds: int = 3) 
             base, switched = [], []
             for _ in range(rounds):
                 base.append(us(lambda: op(x, gy)))  # noqa: B023
-                switched.append(graphed_ms(lambda: op(x, gy), [()], {name: value}, min_time_s=0.15) * 1e3)  # noqa: B023
+                switched.append(us(lambda: op(x, gy), switches={name: value}))  # noqa: B023
             r = {"dtype": dname, "shape": shape, "M": M, "c": c, "d": d, "switch": switch}
             r.update(default_us=statistics.median(base), switched_us=statistics.median(switched))
             r["ratio"] = r["switched_us"] / r["default_us"]
