@@ -17,7 +17,8 @@ SHAPES += [(5000, 40, 200), (20000, 3, 200)]  # FP32 tiled: more tiles than bloc
 # Which ops: fwd, bwd, dft (group DFT), tiles (FP32 tiles), gemm (the 16-bit GEMM forms), gauss (the
 # three-product GEMM form), wgrad (the 16-bit weight gradient on shapes of its Hopper kernel), mlp (the
 # Hopper kernel's GELU epilogue), cast (an FP32 x under autocast: eq_linear_fwd_cast and the FP32 grad_x
-# of the Hopper kernel), hopper (the Hopper forward alone, its clusters forced; not in the default list);
+# of the Hopper kernel), wgrad-normal / wgrad-swapped (one operand role of wgrad's), hopper (the Hopper
+# forward alone, its clusters forced; not in the default list);
 # "quick": the weight-gradient set without its two largest shapes (racecheck runs each launch ~100x
 # slower).
 DIRECTIONS = sys.argv[1:] or ["fwd", "bwd", "dft", "tiles", "gemm", "gauss", "wgrad", "mlp", "cast"]
@@ -102,11 +103,15 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16) if "bwd" in DIRECTIO
 # chunks, M off the 32-row k tile, last o tiles of 64 channels beside full ones.
 WGRAD_SHAPES = [(1, 2, 2), (33, 16, 48), (4097, 48, 200), (3001, 130, 258), (700, 200, 1026), (9000, 66, 16)]
 WGRAD_SHAPES += [(40, 130, 258), (3000, 64, 192)]
-for swap in ("0", "1") if "wgrad" in DIRECTIONS else ():  # the Hopper kernel's operand roles, both
+# The Hopper kernel's operand roles (FLASH_EQLINEAR_WGRAD_SWAP): "wgrad" runs both, "wgrad-normal" or
+# "wgrad-swapped" one (racecheck of both takes more than 280 s).
+for role, swap in (("normal", "0"), ("swapped", "1")):
+    if "wgrad" not in DIRECTIONS and f"wgrad-{role}" not in DIRECTIONS:
+        continue
     with env_switch("FLASH_EQLINEAR_WGRAD_SWAP", swap):
         for dtype in (torch.float16, torch.bfloat16):
             for M, c, d in WGRAD_SHAPES:
-                check_weight_grad(dtype, M, c, d, f"wgrad swap={swap}")
+                check_weight_grad(dtype, M, c, d, f"wgrad {role}")
 # The GEMM forms with fp16 / bf16 plane products (FLASH_EQLINEAR_PRODUCTS=gemm): the forward (halved
 # group DFT, inverse DFT + bias into 16-bit) and the whole backward with grad_x from grad_y's planes;
 # pairs and single channels; the planes-keeping training forward and its backward.
