@@ -10,20 +10,23 @@
 // A (64 o x 16 m per warpgroup) = the transform of grad_y, built in registers from its raw values;
 // B (16 m x 64 ci) = the transform of x, made in shared memory by producer warps.
 //
-// Warp roles (3 warpgroups, one block per SM) and shared memory (224 KB), three rings with their own
-// barriers, so that each buffer is held only while it is needed:
-//   raw grad_y, 4 stages of 32 KB ([8 boxes of 16 o][32 rows][128 B], 128-byte swizzle): loaded by TMA
-//     ("gy_full"), released by the consumers as soon as a tile's values are in registers ("gy_empty").
-//   raw x, 3 stages of 16 KB ([32 rows][512 B]: 64 channels x 4 group values, no swizzle, so a warp's
-//     8-byte loads of 32 consecutive channels are conflict-free): loaded by TMA ("x_full"), released by
-//     the transform warps once read ("x_empty").
+// Warp roles (3 warpgroups, one block per SM) and shared memory (224 KB), three rings. Every warp loads
+// its own raw boxes by TMA (its lane 0, into a stage the warp itself has just finished reading), so no
+// warp waits for another to free a stage and no warp is spent on issuing loads:
+//   raw grad_y, 4 stages of 32 KB ([8 boxes of 16 o][32 rows][128 B], 128-byte swizzle): consumer warp w
+//     loads box w of each k tile ("gy_full", one barrier per warp and stage) and reloads the stage with
+//     the tile 4 ahead as soon as this tile's values are in its registers.
+//   raw x, 3 stages of 16 KB ([4 boxes][16 rows][256 B]: transform warp w's rows 16 (w >> 1) .. + 15
+//     and channels 32 (w & 1) .. + 31, x 4 group values, no swizzle, so a warp's 8-byte loads of its 32
+//     channels are conflict-free): loaded and reloaded likewise by the transform warps ("x_full").
 //   x's planes, 3 buffers of 16 KB ([f0, fR, fI, f2][64 rows ci][64 B]: wgmma's K-major B operand with
 //     the 64-byte swizzle, the layout TMA writes for the forward's plane tiles: row ci holds the tile's
 //     32 m values, 16-byte chunk q at q ^ ((ci >> 1) & 3)): made by the transform warps ("ready"),
 //     released by the consumers once the wgmma groups that read them have retired ("pfree").
-//   warp 0, one thread: the TMA loads, tile by tile.
-//   warps 1-3: x's transform (FP32, rounded once), then a fence to the async proxy (wgmma reads the
-//     stores) before "ready".
+//   warps 0-3: x's transform (FP32, rounded once), two units of 32 channels x 8 rows per warp and k tile,
+//     then a fence to the async proxy (wgmma reads the stores) before "ready". The transform sets the
+//     kernel's pace (v22): with warp 0 issuing the loads only three warps shared it (3, 3 and 2 units
+//     on three of the four schedulers).
 //   warpgroups 1 and 2: the consumers (o rows 0-63, 64-127). setmaxnreg: 56 / 224 (56 x 128 + 224 x 256
 //     = the 168 x 384 registers the block starts with).
 // Separate rings measured 2-5% faster at the layers this kernel takes than one 3-stage ring of all
@@ -72,24 +75,26 @@ namespace flash_eqlinear {
 namespace {
 
 constexpr int kBD = kBwdWeightSm90Model.BD, kBC = kBwdWeightSm90Model.BC, kBK = kBwdWeightSm90Model.BK;
-constexpr int kGyStages = 4, kXStages = 3, kPlaneBufs = 3, kThreads = 384, kXformWarps = 3;
+constexpr int kGyStages = 4, kXStages = 3, kPlaneBufs = 3, kThreads = 384, kXformWarps = 4, kGyWarps = 8;
 constexpr uint32_t kGyBox = kBK * 128;                            // 16 o x 4 group values x 32 rows
-constexpr uint32_t kGyBytes = (kBD / 16) * kGyBox;                // 32 KB
-constexpr uint32_t kXBytes = kBK * kBC * 4 * 2;                   // 16 KB
+constexpr uint32_t kGyBytes = kGyWarps * kGyBox;                  // 32 KB
+constexpr uint32_t kXBox = 16 * 32 * 4 * 2;                       // 16 rows x 32 channels x 4 group values
+constexpr uint32_t kXBytes = kXformWarps * kXBox;                 // 16 KB
 constexpr uint32_t kPlane = kBC * kBK * 2;                        // 4 KB
 constexpr uint32_t kXOff = kGyStages * kGyBytes;                  // the raw x ring
 constexpr uint32_t kPlanesOff = kXOff + kXStages * kXBytes;         // x's four planes, kPlaneBufs buffers
 constexpr uint32_t kBarOff = kPlanesOff + kPlaneBufs * 4 * kPlane;  // the mbarriers
-constexpr uint32_t kBiasOff = kBarOff + 2 * (kGyStages + kXStages + kPlaneBufs) * 8;  // kSwap: [3 warps][64]
-constexpr int kSmem = kBiasOff + kXformWarps * kBC * 4 + 1024;  // + alignment slack
-static_assert(kBD == 128 && kBC == 64 && kBK == 32, "the layouts above");
-static_assert(32 * (1 + kXformWarps) == 128, "the producer warpgroup: the TMA warp and the transform warps");
+constexpr uint32_t kBiasOff = kBarOff + (kGyWarps * kGyStages + kXformWarps * kXStages + 2 * kPlaneBufs) * 8;
+constexpr uint32_t kCoordOff = kBiasOff + kXformWarps * 32 * 4;  // kSwap: [4 warps][32] floats at kBiasOff
+constexpr int kSmem = kCoordOff + kGyWarps * 4 + 1024;             // + alignment slack
+static_assert(kBD == 16 * kGyWarps && kBC == 64 && kBK == 32, "the layouts above");
+static_assert(32 * kXformWarps == 128 && kXBytes == kBK * kBC * 4 * 2, "the producer warpgroup's boxes");
 static_assert(kGyBytes % 1024 == 0 && kXOff % 1024 == 0 && kPlanesOff % 1024 == 0, "aligned bases");
 
-// mbarriers: raw grad_y landed / read (consumers), raw x landed / read (transform warps), x's planes
-// made / read (consumers).
+// mbarriers: raw grad_y landed ([consumer warp][stage]), raw x landed ([transform warp][stage]), x's
+// planes made / read (consumers).
 struct Bars {
-  uint32_t gy_full, gy_empty, x_full, x_empty, ready, pfree;
+  uint32_t gy_full, x_full, ready, pfree;
 };
 
 struct KParams {
@@ -100,27 +105,38 @@ struct KParams {
   int na;  // channels of the A operand (grad_y's d; with kSwap x's c)
 };
 
-// Producer warps 1-3: the B operand's four planes of every k tile (header). With kSwap (B = grad_y) they
-// also sum grad_bias over the k tiles kt with kt % (A tiles) == blockIdx.x (the blocks of a chunk that
-// share these rows split the work), in FP32, and write the block's partial.
+// Producer warps 0-3: the B operand's four planes of every k tile (header); tm_b: its tensor map, rows
+// from row0, channels from c0. Warp w: channels 32 (w & 1) + lane, units (rows 8 mg .. 8 mg + 7) mg =
+// 2 (w >> 1) and 2 (w >> 1) + 1. With kSwap (B = grad_y) they also sum grad_bias over the k tiles kt with
+// kt % (A tiles) == blockIdx.x (the blocks of a chunk that share these rows split the work), in FP32, and
+// write the block's partial.
 template <class T, bool kSwap>
-__device__ __forceinline__ void transform_x(const KParams& p, uint32_t base, const Bars& bar, int KT) {
-  const int wt = (threadIdx.x >> 5) - 1, lane = threadIdx.x & 31;
+__device__ __forceinline__ void transform_b(const CUtensorMap* tm_b, const KParams& p, uint32_t base, const Bars& bar,
+                                            int KT, int row0, int c0) {
+  const int wt = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int ci = 32 * (wt & 1) + lane, mg0 = 2 * (wt >> 1);
   const bool bias = kSwap && p.ws_bias != nullptr;
-  float bsum[2] = {0.f, 0.f};  // channels lane, 32 + lane of the B tile
+  const uint32_t xw = base + kXOff + wt * kXBox, full = bar.x_full + 8 * wt * kXStages;
+  const auto load = [&](int kt) {  // lane 0: this warp's box of k tile kt into its stage
+    const uint32_t b = full + 8 * (kt % kXStages);
+    mbar_arrive_expect_tx(b, kXBox);
+    tma_load_2d(xw + (kt % kXStages) * kXBytes, tm_b, (c0 + 32 * (wt & 1)) * 4, row0 + kt * kBK + 8 * mg0, b);
+  };
+  if (lane == 0) {
+    if (wt == 0) tma_prefetch_desc(tm_b);
+    for (int kt = 0; kt < kXStages && kt < KT; ++kt) load(kt);
+  }
+  float bsum = 0.f;  // channel ci of the B tile
   for (int kt = 0; kt < KT; ++kt) {
     const bool bias_tile = bias && kt % static_cast<int>(gridDim.x) == static_cast<int>(blockIdx.x);
     const int s = kt % kXStages, buf = kt % kPlaneBufs;
-    mbar_wait(bar.x_full + 8 * s, (kt / kXStages) & 1);
+    mbar_wait(full + 8 * s, (kt / kXStages) & 1);
     if (kt >= kPlaneBufs) mbar_wait(bar.pfree + 8 * buf, ((kt / kPlaneBufs) - 1) & 1);  // its last tile was read
-    const uint32_t xr = base + kXOff + s * kXBytes, pb = base + kPlanesOff + buf * 4 * kPlane;
-    // Unit u: 32 channels x 8 rows; units wt, wt + 3, wt + 6 (< 8) unrolled, so that one unit's loads can
-    // overlap the previous one's math (0-6% faster at ViT sizes, benchmarks/README.md v22; 56 registers).
+    const uint32_t xr = xw + s * kXBytes, pb = base + kPlanesOff + buf * 4 * kPlane;
+    // Both units unrolled, so that one unit's loads can overlap the other's math (v22).
 #pragma unroll
-    for (int k = 0; k < (8 + kXformWarps - 1) / kXformWarps; ++k) {
-      const int u = wt + kXformWarps * k;
-      if (u >= 8) break;
-      const int ci = 32 * (u & 1) + lane, mg = u >> 1;
+    for (int j = 0; j < 2; ++j) {
+      const int mg = mg0 + j;
       uint32_t packed[4][4];  // [plane][row pair]
       float usum = 0.f;       // kSwap: f0 (the four values' sum, halved for fp16) over the unit's rows
 #pragma unroll
@@ -128,7 +144,7 @@ __device__ __forceinline__ void transform_x(const KParams& p, uint32_t base, con
         float f[2][4];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint2 v = lds64(xr + (8 * mg + 2 * i + h) * 512 + ci * 8);
+          const uint2 v = lds64(xr + (8 * j + 2 * i + h) * 256 + lane * 8);
           const float2 a = Elem<T>::unpack(v.x), b = Elem<T>::unpack(v.y);
           dft4<Elem<T>::kHalve>(a.x, a.y, b.x, b.y, f[h][0], f[h][1], f[h][2], f[h][3]);
         }
@@ -139,45 +155,55 @@ __device__ __forceinline__ void transform_x(const KParams& p, uint32_t base, con
       const uint32_t off = ci * 64 + ((mg ^ ((ci >> 1) & 3)) << 4);
 #pragma unroll
       for (int pl = 0; pl < 4; ++pl) sts128(pb + pl * kPlane + off, packed[pl]);
-      if (bias_tile) {  // (no register array indexed at run time: that would go to local memory)
-        if (u & 1)
-          bsum[1] += usum;
-        else
-          bsum[0] += usum;
-      }
+      if (bias_tile) bsum += usum;
     }
-    fence_proxy_async_smem();  // the stores are read by wgmma (the async proxy)
+    // The stores are read by wgmma (the async proxy); the fence also orders this warp's reads of the raw
+    // stage before the TMA load that overwrites it.
+    fence_proxy_async_smem();
     __syncwarp();
     if (lane == 0) {
-      mbar_arrive(bar.x_empty + 8 * s);
       mbar_arrive(bar.ready + 8 * buf);
+      if (kt + kXStages < KT) load(kt + kXStages);
     }
   }
-  if (bias) {  // the three warps' sums of each channel, added in warp order
-    const uint32_t red = base + kBiasOff;  // [warp][channel of the B tile]
-    sts32(red + 4 * (wt * kBC + lane), __float_as_uint(bsum[0]));
-    sts32(red + 4 * (wt * kBC + 32 + lane), __float_as_uint(bsum[1]));
+  if (bias) {  // each channel's two warps (w & 1 alike), added in warp order
+    const uint32_t red = base + kBiasOff;  // [warp][lane]
+    sts32(red + 4 * (wt * 32 + lane), __float_as_uint(bsum));
     named_barrier_sync(1, 32 * kXformWarps);
-    if (wt == 0) {
-      const int o0 = static_cast<int>(blockIdx.y) * kBC;
+    if (wt < 2) {
+      const int o0 = static_cast<int>(blockIdx.y) * kBC, ch = 32 * wt + lane;
       float* const wb = p.ws_bias + (int64_t(blockIdx.z) * gridDim.x + blockIdx.x) * p.d;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int ch = 32 * h + lane;
-        const float s0 = __uint_as_float(lds32(red + 4 * ch)), s1 = __uint_as_float(lds32(red + 4 * (kBC + ch)));
-        const float sum = (s0 + s1) + __uint_as_float(lds32(red + 4 * (2 * kBC + ch)));
-        if (o0 + ch < p.d) wb[o0 + ch] = Elem<T>::kHalve ? 2.f * sum : sum;  // fp16's f0 is halved
-      }
+      const float sum = __uint_as_float(lds32(red + 4 * ch)) + __uint_as_float(lds32(red + 4 * (64 + ch)));
+      if (o0 + ch < p.d) wb[o0 + ch] = Elem<T>::kHalve ? 2.f * sum : sum;  // fp16's f0 is halved
     }
   }
 }
 
-// The consumer warpgroups (warps 4-11).
+// The consumer warpgroups (warps 4-11); tm_a: the A operand's tensor map, rows from row0.
 template <class T, bool kSwap>
-__device__ __forceinline__ void consume(const KParams& p, uint32_t base, const Bars& bar, int KT) {
+__device__ __forceinline__ void consume(const CUtensorMap& tm_a, const KParams& p, uint32_t base, const Bars& bar,
+                                        int KT) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, t = lane & 3;
   const int cw = warp - 4;  // consumer warp: o rows 16 cw .. 16 cw + 15 of the tile = gy box cw
+  const uint32_t full = bar.gy_full + 8 * cw * kGyStages;
+  // lane 0: this warp's box of k tile kt into its stage. The main loop holds 192 registers of accumulators
+  // and fragments: the box's channel coordinate, kept in a register or recomputed from blockIdx.x, cost the
+  // wgmma their overlap (ptxas serialized them), so it is read from shared memory each time.
+  const uint32_t coord = base + kCoordOff + 4 * cw;
+  const auto fetch = [&](int kt) {
+    const uint32_t b = full + 8 * (kt % kGyStages);
+    const int row = static_cast<int>(int64_t(blockIdx.z) * p.chunk_rows) + kt * kBK;  // < 2^31: the host bounds M
+    mbar_arrive_expect_tx(b, kGyBox);
+    tma_load_2d(base + (kt % kGyStages) * kGyBytes + cw * kGyBox, &tm_a, static_cast<int>(lds32(coord)), row, b);
+  };
+  if (lane == 0) {
+    sts32(coord, static_cast<uint32_t>((static_cast<int>(blockIdx.x) * kBD + 16 * cw) * 4));
+    if (cw == 0) tma_prefetch_desc(&tm_a);
+#pragma unroll
+    for (int kt = 0; kt < kGyStages; ++kt)
+      if (kt < KT) fetch(kt);
+  }
   // Rows 2t, 2t + 1 (+ 8) of a k16 step: chunk gid swizzled by m & 7 = 2t, resp. 2t + 1
   const uint32_t a_lo = cw * kGyBox + 2 * t * 128 + ((gid ^ (2 * t)) << 4);
   const uint32_t a_hi = cw * kGyBox + (2 * t + 1) * 128 + ((gid ^ (2 * t + 1)) << 4);
@@ -198,7 +224,7 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
     w[2] = lds128(st + a_lo + (ks * 16 + 8) * 128);
     w[3] = lds128(st + a_hi + (ks * 16 + 8) * 128);
   };
-  mbar_wait(bar.gy_full, 0);
+  mbar_wait(full, 0);
   load(v[0], base, 0);
   load(v[1], base, 1);
   for (int kt = 0; kt < KT; ++kt) {
@@ -223,10 +249,6 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
         for (int pl = 0; pl < 4; ++pl) f[pl][r] = Elem<T>::pack(p0[pl], p1[pl]);
         if (bias_tile) bsum[r & 1] += ((a.x + a.y) + (b.x + b.y)) + ((e.x + e.y) + (g.x + g.y));
       }
-      if (ks == 1) {  // tile kt's raw grad_y is in registers now: its stage is free
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar.gy_empty + 8 * (kt % kGyStages));
-      }
       if (ks == 0) mbar_wait(bar.ready + 8 * (kt % kPlaneBufs), (kt / kPlaneBufs) & 1);  // x's planes of this tile
       const uint64_t dk = desc0 + (((kt % kPlaneBufs) * 4 * kPlane + ks * 32) >> 4);
       const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
@@ -240,7 +262,7 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
       wgmma_commit();
       if (kt + 1 < KT) {  // v[ks] is in f now: load this step's rows of the next k tile
         const int next = (kt + 1) % kGyStages;
-        if (ks == 0) mbar_wait(bar.gy_full + 8 * next, ((kt + 1) / kGyStages) & 1);
+        if (ks == 0) mbar_wait(full + 8 * next, ((kt + 1) / kGyStages) & 1);
         load(v[ks], base + next * kGyBytes, ks);
       }
       wgmma_wait<1>();  // the previous step's group has retired: its A buffer (and stage) are free
@@ -248,6 +270,10 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
       for (int op = 0; op < 4; ++op) reg_fence(fa[ks ^ 1][op]);
       // At ks == 0 that previous group was k tile kt - 1's last: release its stage.
       if (ks == 0 && kt > 0 && lane == 0) mbar_arrive(bar.pfree + 8 * ((kt - 1) % kPlaneBufs));
+      if (ks == 1) {  // tile kt's raw grad_y went into registers (A fragments) before: reload its stage
+        __syncwarp();
+        if (lane == 0 && kt + kGyStages < KT) fetch(kt + kGyStages);
+      }
     }
   }
   wgmma_retire_all(acc, fa);
@@ -314,29 +340,20 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   Bars bar;
   bar.gy_full = base + kBarOff;
-  bar.gy_empty = bar.gy_full + 8 * kGyStages;
-  bar.x_full = bar.gy_empty + 8 * kGyStages;
-  bar.x_empty = bar.x_full + 8 * kXStages;
-  bar.ready = bar.x_empty + 8 * kXStages;
+  bar.x_full = bar.gy_full + 8 * kGyWarps * kGyStages;
+  bar.ready = bar.x_full + 8 * kXformWarps * kXStages;
   bar.pfree = bar.ready + 8 * kPlaneBufs;
   const int64_t mb = int64_t(blockIdx.z) * p.chunk_rows;  // this block's rows: [mb, me)
   const int64_t me = std::min(p.M, mb + p.chunk_rows);
   const int KT = static_cast<int>((me - mb + kBK - 1) / kBK);  // >= 1: the plan makes no empty chunk
   // A last o tile of 64 channels or fewer (d % 128 in 1 .. 64: ViT-B's d = 192, 576) leaves consumer
-  // warpgroup 2 (o rows 64-127) nothing: it idles, its grad_y boxes are not loaded, and the stages
-  // wait for warpgroup 1's four warps only.
+  // warpgroup 2 (o rows 64-127) nothing: it idles and loads no grad_y boxes.
   const bool upper_idle = static_cast<int>(blockIdx.x) * kBD + 64 >= p.na;
   const int consumer_warps = upper_idle ? 4 : 8;
 
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kGyStages; ++s) {
-      mbar_init(bar.gy_full + 8 * s, 1);
-      mbar_init(bar.gy_empty + 8 * s, consumer_warps);
-    }
-    for (int s = 0; s < kXStages; ++s) {
-      mbar_init(bar.x_full + 8 * s, 1);
-      mbar_init(bar.x_empty + 8 * s, kXformWarps);
-    }
+    for (int i = 0; i < kGyWarps * kGyStages; ++i) mbar_init(bar.gy_full + 8 * i, 1);
+    for (int i = 0; i < kXformWarps * kXStages; ++i) mbar_init(bar.x_full + 8 * i, 1);
     for (int b = 0; b < kPlaneBufs; ++b) {
       mbar_init(bar.ready + 8 * b, kXformWarps);
       mbar_init(bar.pfree + 8 * b, consumer_warps);
@@ -345,29 +362,13 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
   }
   __syncthreads();
 
-  if (threadIdx.x < 128) {  // ---- producer warpgroup ----
+  const int row0 = static_cast<int>(mb);  // < 2^31: the host bounds M
+  if (threadIdx.x < 128) {  // ---- producer warpgroup: the transform warps ----
     setmaxnreg_dec<56>();
-    if (threadIdx.x == 0) {
-      tma_prefetch_desc(&tm_gy);
-      tma_prefetch_desc(&tm_x);
-      const int o0 = static_cast<int>(blockIdx.x) * kBD, c0 = static_cast<int>(blockIdx.y) * kBC;
-      for (int kt = 0; kt < KT; ++kt) {
-        const int row = static_cast<int>(mb) + kt * kBK;  // < 2^31: the host bounds M
-        const int sg = kt % kGyStages, sx = kt % kXStages;
-        if (kt >= kGyStages) mbar_wait(bar.gy_empty + 8 * sg, ((kt / kGyStages) - 1) & 1);
-        mbar_arrive_expect_tx(bar.gy_full + 8 * sg, consumer_warps * kGyBox);
-        for (int b = 0; b < consumer_warps; ++b)  // box b: o rows 16 b .. 16 b + 15, consumer warp b's
-          tma_load_2d(base + sg * kGyBytes + b * kGyBox, &tm_gy, (o0 + 16 * b) * 4, row, bar.gy_full + 8 * sg);
-        if (kt >= kXStages) mbar_wait(bar.x_empty + 8 * sx, ((kt / kXStages) - 1) & 1);
-        mbar_arrive_expect_tx(bar.x_full + 8 * sx, kXBytes);
-        tma_load_2d(base + kXOff + sx * kXBytes, &tm_x, c0 * 4, row, bar.x_full + 8 * sx);
-      }
-    } else if (threadIdx.x >= 32) {
-      transform_x<T, kSwap>(p, base, bar, KT);
-    }
+    transform_b<T, kSwap>(&tm_x, p, base, bar, KT, row0, static_cast<int>(blockIdx.y) * kBC);
   } else {
     setmaxnreg_inc<224>();
-    if (threadIdx.x < 256 || !upper_idle) consume<T, kSwap>(p, base, bar, KT);
+    if (threadIdx.x < 256 || !upper_idle) consume<T, kSwap>(tm_gy, p, base, bar, KT);
   }
 #else
   (void)tm_gy, (void)tm_x, (void)p;
@@ -388,7 +389,7 @@ cudaError_t launch(const BwdWeightSm90Args& a, cudaStream_t stream) {
   const cuuint32_t a_box[2] = {64, kBK};  // 16 channels x 4 group values: 128 bytes
   const cuuint64_t b_dims[2] = {static_cast<cuuint64_t>(4 * nb), static_cast<cuuint64_t>(a.M)};
   const cuuint64_t b_strides[1] = {static_cast<cuuint64_t>(4 * kE) * nb};
-  const cuuint32_t b_box[2] = {4 * kBC, kBK};  // 64 channels x 4 group values: 512 bytes
+  const cuuint32_t b_box[2] = {4 * 32, 16};  // a transform warp's: 32 channels x 4 group values x 16 rows
   if (!encode(&tm_a, pa, kE, 2, a_dims, a_strides, a_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
       !encode(&tm_b, pb, kE, 2, b_dims, b_strides, b_box, CU_TENSOR_MAP_SWIZZLE_NONE))
     return cudaErrorInvalidValue;
