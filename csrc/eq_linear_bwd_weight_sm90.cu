@@ -10,23 +10,25 @@
 // A (64 o x 16 m per warpgroup) = the transform of grad_y, built in registers from its raw values;
 // B (16 m x 64 ci) = the transform of x, made in shared memory by producer warps.
 //
-// Warp roles (3 warpgroups, one block per SM) and shared memory (224 KB), three rings. Every warp loads
-// its own raw boxes by TMA (its lane 0, into a stage the warp itself has just finished reading), so no
-// warp waits for another to free a stage and no warp is spent on issuing loads:
-//   raw grad_y, 4 stages of 32 KB ([8 boxes of 16 o][32 rows][128 B], 128-byte swizzle): consumer warp w
-//     loads box w of each k tile ("gy_full", one barrier per warp and stage) and reloads the stage with
-//     the tile 4 ahead as soon as this tile's values are in its registers.
+// Warp roles (3 warpgroups, one block per SM) and shared memory (224 KB), three rings. The transform
+// warps issue all TMA loads (lane 0 of each, its share), so no warp is spent on issuing loads alone:
+//   raw grad_y, 4 stages of 32 KB ([8 boxes of 16 o][32 rows][128 B], 128-byte swizzle), box w for
+//     consumer warp w: transform warp w loads boxes w and w + 4 ("gy_full": each of the four announces
+//     its bytes). A stage needs no "empty" barrier: a consumer warp has taken tile t's raw values into
+//     registers before it releases tile t's plane buffer ("pfree"), so once the transform warps have
+//     waited for tile kt - 3's buffer, tile kt - 3's stage is free and takes tile kt + 1.
 //   raw x, 3 stages of 16 KB ([4 boxes][16 rows][256 B]: transform warp w's rows 16 (w >> 1) .. + 15
 //     and channels 32 (w & 1) .. + 31, x 4 group values, no swizzle, so a warp's 8-byte loads of its 32
-//     channels are conflict-free): loaded and reloaded likewise by the transform warps ("x_full").
+//     channels are conflict-free): each warp reloads its box of a stage once it has read it ("x_full",
+//     one barrier per warp and stage).
 //   x's planes, 3 buffers of 16 KB ([f0, fR, fI, f2][64 rows ci][64 B]: wgmma's K-major B operand with
 //     the 64-byte swizzle, the layout TMA writes for the forward's plane tiles: row ci holds the tile's
 //     32 m values, 16-byte chunk q at q ^ ((ci >> 1) & 3)): made by the transform warps ("ready"),
 //     released by the consumers once the wgmma groups that read them have retired ("pfree").
 //   warps 0-3: x's transform (FP32, rounded once), two units of 32 channels x 8 rows per warp and k tile,
 //     then a fence to the async proxy (wgmma reads the stores) before "ready". The transform sets the
-//     kernel's pace (v22): with warp 0 issuing the loads only three warps shared it (3, 3 and 2 units
-//     on three of the four schedulers).
+//     kernel's pace (v22); with a warp of its own issuing the loads, three warps shared it (3, 3 and 2
+//     units on three of the four schedulers).
 //   warpgroups 1 and 2: the consumers (o rows 0-63, 64-127). setmaxnreg: 56 / 224 (56 x 128 + 224 x 256
 //     = the 168 x 384 registers the block starts with).
 // Separate rings measured 2-5% faster at the layers this kernel takes than one 3-stage ring of all
@@ -84,15 +86,15 @@ constexpr uint32_t kPlane = kBC * kBK * 2;                        // 4 KB
 constexpr uint32_t kXOff = kGyStages * kGyBytes;                  // the raw x ring
 constexpr uint32_t kPlanesOff = kXOff + kXStages * kXBytes;         // x's four planes, kPlaneBufs buffers
 constexpr uint32_t kBarOff = kPlanesOff + kPlaneBufs * 4 * kPlane;  // the mbarriers
-constexpr uint32_t kBiasOff = kBarOff + (kGyWarps * kGyStages + kXformWarps * kXStages + 2 * kPlaneBufs) * 8;
-constexpr uint32_t kCoordOff = kBiasOff + kXformWarps * 32 * 4;  // kSwap: [4 warps][32] floats at kBiasOff
-constexpr int kSmem = kCoordOff + kGyWarps * 4 + 1024;             // + alignment slack
+constexpr uint32_t kBiasOff = kBarOff + (kGyStages + kXformWarps * kXStages + 2 * kPlaneBufs) * 8;
+constexpr int kSmem = kBiasOff + kXformWarps * 32 * 4 + 1024;  // kSwap: [4 warps][32] floats; + alignment slack
 static_assert(kBD == 16 * kGyWarps && kBC == 64 && kBK == 32, "the layouts above");
 static_assert(32 * kXformWarps == 128 && kXBytes == kBK * kBC * 4 * 2, "the producer warpgroup's boxes");
+static_assert(kGyStages == kPlaneBufs + 1, "grad_y's stage of tile kt - 3 takes tile kt + 1 (transform_b)");
 static_assert(kGyBytes % 1024 == 0 && kXOff % 1024 == 0 && kPlanesOff % 1024 == 0, "aligned bases");
 
-// mbarriers: raw grad_y landed ([consumer warp][stage]), raw x landed ([transform warp][stage]), x's
-// planes made / read (consumers).
+// mbarriers: raw grad_y landed ([stage]), raw x landed ([transform warp][stage]), x's planes made / read
+// (consumers).
 struct Bars {
   uint32_t gy_full, x_full, ready, pfree;
 };
@@ -111,8 +113,8 @@ struct KParams {
 // kt % (A tiles) == blockIdx.x (the blocks of a chunk that share these rows split the work), in FP32, and
 // write the block's partial.
 template <class T, bool kSwap>
-__device__ __forceinline__ void transform_b(const CUtensorMap* tm_b, const KParams& p, uint32_t base, const Bars& bar,
-                                            int KT, int row0, int c0) {
+__device__ __forceinline__ void transform_b(const CUtensorMap& tm_a, const CUtensorMap& tm_b, const KParams& p,
+                                            uint32_t base, const Bars& bar, int KT, int row0, int c0) {
   const int wt = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int ci = 32 * (wt & 1) + lane, mg0 = 2 * (wt >> 1);
   const bool bias = kSwap && p.ws_bias != nullptr;
@@ -120,18 +122,35 @@ __device__ __forceinline__ void transform_b(const CUtensorMap* tm_b, const KPara
   const auto load = [&](int kt) {  // lane 0: this warp's box of k tile kt into its stage
     const uint32_t b = full + 8 * (kt % kXStages);
     mbar_arrive_expect_tx(b, kXBox);
-    tma_load_2d(xw + (kt % kXStages) * kXBytes, tm_b, (c0 + 32 * (wt & 1)) * 4, row0 + kt * kBK + 8 * mg0, b);
+    tma_load_2d(xw + (kt % kXStages) * kXBytes, &tm_b, (c0 + 32 * (wt & 1)) * 4, row0 + kt * kBK + 8 * mg0, b);
+  };
+  // lane 0: the A operand's boxes wt and wt + 4 of k tile kt (those of the consumer warps that run), each
+  // transform warp announcing its own bytes on the stage's barrier.
+  const auto load_a = [&](int kt) {
+    const uint32_t b = bar.gy_full + 8 * (kt % kGyStages);
+    const int boxes = static_cast<int>(blockIdx.x) * kBD + 64 >= p.na ? 4 : 8;  // (the kernel's upper_idle)
+    mbar_arrive_expect_tx(b, (wt + 4 < boxes ? 2 : 1) * kGyBox);
+    for (int w = wt; w < boxes; w += 4)
+      tma_load_2d(base + (kt % kGyStages) * kGyBytes + w * kGyBox, &tm_a, (static_cast<int>(blockIdx.x) * kBD + 16 * w) * 4,
+                  row0 + kt * kBK, b);
   };
   if (lane == 0) {
-    if (wt == 0) tma_prefetch_desc(tm_b);
+    if (wt == 0) tma_prefetch_desc(&tm_b);
+    if (wt == 1) tma_prefetch_desc(&tm_a);
     for (int kt = 0; kt < kXStages && kt < KT; ++kt) load(kt);
+    for (int kt = 0; kt < kGyStages && kt < KT; ++kt) load_a(kt);
   }
   float bsum = 0.f;  // channel ci of the B tile
   for (int kt = 0; kt < KT; ++kt) {
     const bool bias_tile = bias && kt % static_cast<int>(gridDim.x) == static_cast<int>(blockIdx.x);
     const int s = kt % kXStages, buf = kt % kPlaneBufs;
     mbar_wait(full + 8 * s, (kt / kXStages) & 1);
-    if (kt >= kPlaneBufs) mbar_wait(bar.pfree + 8 * buf, ((kt / kPlaneBufs) - 1) & 1);  // its last tile was read
+    if (kt >= kPlaneBufs) {
+      mbar_wait(bar.pfree + 8 * buf, ((kt / kPlaneBufs) - 1) & 1);  // its last tile (kt - 3) was read
+      // Every consumer warp arrived there after taking tile kt - 3's raw A values into registers, so
+      // their stage is free: it takes tile kt + 1, a tile before the consumers need it.
+      if (lane == 0 && kt + 1 < KT) load_a(kt + 1);
+    }
     const uint32_t xr = xw + s * kXBytes, pb = base + kPlanesOff + buf * 4 * kPlane;
     // Both units unrolled, so that one unit's loads can overlap the other's math (v22).
 #pragma unroll
@@ -179,31 +198,12 @@ __device__ __forceinline__ void transform_b(const CUtensorMap* tm_b, const KPara
   }
 }
 
-// The consumer warpgroups (warps 4-11); tm_a: the A operand's tensor map, rows from row0.
+// The consumer warpgroups (warps 4-11).
 template <class T, bool kSwap>
-__device__ __forceinline__ void consume(const CUtensorMap& tm_a, const KParams& p, uint32_t base, const Bars& bar,
-                                        int KT) {
+__device__ __forceinline__ void consume(const KParams& p, uint32_t base, const Bars& bar, int KT) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, t = lane & 3;
   const int cw = warp - 4;  // consumer warp: o rows 16 cw .. 16 cw + 15 of the tile = gy box cw
-  const uint32_t full = bar.gy_full + 8 * cw * kGyStages;
-  // lane 0: this warp's box of k tile kt into its stage. The main loop holds 192 registers of accumulators
-  // and fragments: the box's channel coordinate, kept in a register or recomputed from blockIdx.x, cost the
-  // wgmma their overlap (ptxas serialized them), so it is read from shared memory each time.
-  const uint32_t coord = base + kCoordOff + 4 * cw;
-  const auto fetch = [&](int kt) {
-    const uint32_t b = full + 8 * (kt % kGyStages);
-    const int row = static_cast<int>(int64_t(blockIdx.z) * p.chunk_rows) + kt * kBK;  // < 2^31: the host bounds M
-    mbar_arrive_expect_tx(b, kGyBox);
-    tma_load_2d(base + (kt % kGyStages) * kGyBytes + cw * kGyBox, &tm_a, static_cast<int>(lds32(coord)), row, b);
-  };
-  if (lane == 0) {
-    sts32(coord, static_cast<uint32_t>((static_cast<int>(blockIdx.x) * kBD + 16 * cw) * 4));
-    if (cw == 0) tma_prefetch_desc(&tm_a);
-#pragma unroll
-    for (int kt = 0; kt < kGyStages; ++kt)
-      if (kt < KT) fetch(kt);
-  }
   // Rows 2t, 2t + 1 (+ 8) of a k16 step: chunk gid swizzled by m & 7 = 2t, resp. 2t + 1
   const uint32_t a_lo = cw * kGyBox + 2 * t * 128 + ((gid ^ (2 * t)) << 4);
   const uint32_t a_hi = cw * kGyBox + (2 * t + 1) * 128 + ((gid ^ (2 * t + 1)) << 4);
@@ -224,7 +224,7 @@ __device__ __forceinline__ void consume(const CUtensorMap& tm_a, const KParams& 
     w[2] = lds128(st + a_lo + (ks * 16 + 8) * 128);
     w[3] = lds128(st + a_hi + (ks * 16 + 8) * 128);
   };
-  mbar_wait(full, 0);
+  mbar_wait(bar.gy_full, 0);
   load(v[0], base, 0);
   load(v[1], base, 1);
   for (int kt = 0; kt < KT; ++kt) {
@@ -262,7 +262,7 @@ __device__ __forceinline__ void consume(const CUtensorMap& tm_a, const KParams& 
       wgmma_commit();
       if (kt + 1 < KT) {  // v[ks] is in f now: load this step's rows of the next k tile
         const int next = (kt + 1) % kGyStages;
-        if (ks == 0) mbar_wait(full + 8 * next, ((kt + 1) / kGyStages) & 1);
+        if (ks == 0) mbar_wait(bar.gy_full + 8 * next, ((kt + 1) / kGyStages) & 1);
         load(v[ks], base + next * kGyBytes, ks);
       }
       wgmma_wait<1>();  // the previous step's group has retired: its A buffer (and stage) are free
@@ -270,10 +270,6 @@ __device__ __forceinline__ void consume(const CUtensorMap& tm_a, const KParams& 
       for (int op = 0; op < 4; ++op) reg_fence(fa[ks ^ 1][op]);
       // At ks == 0 that previous group was k tile kt - 1's last: release its stage.
       if (ks == 0 && kt > 0 && lane == 0) mbar_arrive(bar.pfree + 8 * ((kt - 1) % kPlaneBufs));
-      if (ks == 1) {  // tile kt's raw grad_y went into registers (A fragments) before: reload its stage
-        __syncwarp();
-        if (lane == 0 && kt + kGyStages < KT) fetch(kt + kGyStages);
-      }
     }
   }
   wgmma_retire_all(acc, fa);
@@ -340,7 +336,7 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   Bars bar;
   bar.gy_full = base + kBarOff;
-  bar.x_full = bar.gy_full + 8 * kGyWarps * kGyStages;
+  bar.x_full = bar.gy_full + 8 * kGyStages;
   bar.ready = bar.x_full + 8 * kXformWarps * kXStages;
   bar.pfree = bar.ready + 8 * kPlaneBufs;
   const int64_t mb = int64_t(blockIdx.z) * p.chunk_rows;  // this block's rows: [mb, me)
@@ -352,7 +348,7 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
   const int consumer_warps = upper_idle ? 4 : 8;
 
   if (threadIdx.x == 0) {
-    for (int i = 0; i < kGyWarps * kGyStages; ++i) mbar_init(bar.gy_full + 8 * i, 1);
+    for (int s = 0; s < kGyStages; ++s) mbar_init(bar.gy_full + 8 * s, kXformWarps);
     for (int i = 0; i < kXformWarps * kXStages; ++i) mbar_init(bar.x_full + 8 * i, 1);
     for (int b = 0; b < kPlaneBufs; ++b) {
       mbar_init(bar.ready + 8 * b, kXformWarps);
@@ -365,10 +361,10 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
   const int row0 = static_cast<int>(mb);  // < 2^31: the host bounds M
   if (threadIdx.x < 128) {  // ---- producer warpgroup: the transform warps ----
     setmaxnreg_dec<56>();
-    transform_b<T, kSwap>(&tm_x, p, base, bar, KT, row0, static_cast<int>(blockIdx.y) * kBC);
+    transform_b<T, kSwap>(tm_gy, tm_x, p, base, bar, KT, row0, static_cast<int>(blockIdx.y) * kBC);
   } else {
     setmaxnreg_inc<224>();
-    if (threadIdx.x < 256 || !upper_idle) consume<T, kSwap>(tm_gy, p, base, bar, KT);
+    if (threadIdx.x < 256 || !upper_idle) consume<T, kSwap>(p, base, bar, KT);
   }
 #else
   (void)tm_gy, (void)tm_x, (void)p;
