@@ -10,25 +10,20 @@
 // A (64 o x 16 m per warpgroup) = the transform of grad_y, built in registers from its raw values;
 // B (16 m x 64 ci) = the transform of x, made in shared memory by producer warps.
 //
-// Warp roles (3 warpgroups, one block per SM) and shared memory (224 KB), three rings. The transform
-// warps issue all TMA loads (lane 0 of each, its share), so no warp is spent on issuing loads alone:
-//   raw grad_y, 4 stages of 32 KB ([8 boxes of 16 o][32 rows][128 B], 128-byte swizzle), box w for
-//     consumer warp w: transform warp w loads boxes w and w + 4 ("gy_full": each of the four announces
-//     its bytes). A stage needs no "empty" barrier: a consumer warp has taken tile t's raw values into
-//     registers before it releases tile t's plane buffer ("pfree"), so once the transform warps have
-//     waited for tile kt - 3's buffer, tile kt - 3's stage is free and takes tile kt + 1.
-//   raw x, 3 stages of 16 KB ([4 boxes][16 rows][256 B]: transform warp w's rows 16 (w >> 1) .. + 15
-//     and channels 32 (w & 1) .. + 31, x 4 group values, no swizzle, so a warp's 8-byte loads of its 32
-//     channels are conflict-free): each warp reloads its box of a stage once it has read it ("x_full",
-//     one barrier per warp and stage).
+// Warp roles (3 warpgroups, one block per SM) and shared memory (224 KB), three rings with their own
+// barriers, so that each buffer is held only while it is needed:
+//   raw grad_y, 4 stages of 32 KB ([8 boxes of 16 o][32 rows][128 B], 128-byte swizzle): loaded by TMA
+//     ("gy_full"), released by the consumers as soon as a tile's values are in registers ("gy_empty").
+//   raw x, 3 stages of 16 KB ([32 rows][512 B]: 64 channels x 4 group values, no swizzle, so a warp's
+//     8-byte loads of 32 consecutive channels are conflict-free): loaded by TMA ("x_full"), released by
+//     the transform warps once read ("x_empty").
 //   x's planes, 3 buffers of 16 KB ([f0, fR, fI, f2][64 rows ci][64 B]: wgmma's K-major B operand with
 //     the 64-byte swizzle, the layout TMA writes for the forward's plane tiles: row ci holds the tile's
 //     32 m values, 16-byte chunk q at q ^ ((ci >> 1) & 3)): made by the transform warps ("ready"),
 //     released by the consumers once the wgmma groups that read them have retired ("pfree").
-//   warps 0-3: x's transform (FP32, rounded once), two units of 32 channels x 8 rows per warp and k tile,
-//     then a fence to the async proxy (wgmma reads the stores) before "ready". The transform sets the
-//     kernel's pace (v22); with a warp of its own issuing the loads, three warps shared it (3, 3 and 2
-//     units on three of the four schedulers).
+//   warp 0, one thread: the TMA loads, tile by tile.
+//   warps 1-3: x's transform (FP32, rounded once), then a fence to the async proxy (wgmma reads the
+//     stores) before "ready".
 //   warpgroups 1 and 2: the consumers (o rows 0-63, 64-127). setmaxnreg: 56 / 224 (56 x 128 + 224 x 256
 //     = the 168 x 384 registers the block starts with).
 // Separate rings measured 2-5% faster at the layers this kernel takes than one 3-stage ring of all
@@ -77,26 +72,24 @@ namespace flash_eqlinear {
 namespace {
 
 constexpr int kBD = kBwdWeightSm90Model.BD, kBC = kBwdWeightSm90Model.BC, kBK = kBwdWeightSm90Model.BK;
-constexpr int kGyStages = 4, kXStages = 3, kPlaneBufs = 3, kThreads = 384, kXformWarps = 4, kGyWarps = 8;
+constexpr int kGyStages = 4, kXStages = 3, kPlaneBufs = 3, kThreads = 384, kXformWarps = 3;
 constexpr uint32_t kGyBox = kBK * 128;                            // 16 o x 4 group values x 32 rows
-constexpr uint32_t kGyBytes = kGyWarps * kGyBox;                  // 32 KB
-constexpr uint32_t kXBox = 16 * 32 * 4 * 2;                       // 16 rows x 32 channels x 4 group values
-constexpr uint32_t kXBytes = kXformWarps * kXBox;                 // 16 KB
+constexpr uint32_t kGyBytes = (kBD / 16) * kGyBox;                // 32 KB
+constexpr uint32_t kXBytes = kBK * kBC * 4 * 2;                   // 16 KB
 constexpr uint32_t kPlane = kBC * kBK * 2;                        // 4 KB
 constexpr uint32_t kXOff = kGyStages * kGyBytes;                  // the raw x ring
 constexpr uint32_t kPlanesOff = kXOff + kXStages * kXBytes;         // x's four planes, kPlaneBufs buffers
 constexpr uint32_t kBarOff = kPlanesOff + kPlaneBufs * 4 * kPlane;  // the mbarriers
-constexpr uint32_t kBiasOff = kBarOff + (kGyStages + kXformWarps * kXStages + 2 * kPlaneBufs) * 8;
-constexpr int kSmem = kBiasOff + kXformWarps * 32 * 4 + 1024;  // kSwap: [4 warps][32] floats; + alignment slack
-static_assert(kBD == 16 * kGyWarps && kBC == 64 && kBK == 32, "the layouts above");
-static_assert(32 * kXformWarps == 128 && kXBytes == kBK * kBC * 4 * 2, "the producer warpgroup's boxes");
-static_assert(kGyStages == kPlaneBufs + 1, "grad_y's stage of tile kt - 3 takes tile kt + 1 (transform_b)");
+constexpr uint32_t kBiasOff = kBarOff + 2 * (kGyStages + kXStages + kPlaneBufs) * 8;  // kSwap: [3 warps][64]
+constexpr int kSmem = kBiasOff + kXformWarps * kBC * 4 + 1024;  // + alignment slack
+static_assert(kBD == 128 && kBC == 64 && kBK == 32, "the layouts above");
+static_assert(32 * (1 + kXformWarps) == 128, "the producer warpgroup: the TMA warp and the transform warps");
 static_assert(kGyBytes % 1024 == 0 && kXOff % 1024 == 0 && kPlanesOff % 1024 == 0, "aligned bases");
 
-// mbarriers: raw grad_y landed ([stage]), raw x landed ([transform warp][stage]), x's planes made / read
-// (consumers).
+// mbarriers: raw grad_y landed / read (consumers), raw x landed / read (transform warps), x's planes
+// made / read (consumers).
 struct Bars {
-  uint32_t gy_full, x_full, ready, pfree;
+  uint32_t gy_full, gy_empty, x_full, x_empty, ready, pfree;
 };
 
 struct KParams {
@@ -107,55 +100,31 @@ struct KParams {
   int na;  // channels of the A operand (grad_y's d; with kSwap x's c)
 };
 
-// Producer warps 0-3: the B operand's four planes of every k tile (header); tm_b: its tensor map, rows
-// from row0, channels from c0. Warp w: channels 32 (w & 1) + lane, units (rows 8 mg .. 8 mg + 7) mg =
-// 2 (w >> 1) and 2 (w >> 1) + 1. With kSwap (B = grad_y) they also sum grad_bias over the k tiles kt with
-// kt % (A tiles) == blockIdx.x (the blocks of a chunk that share these rows split the work), in FP32, and
-// write the block's partial.
+// Producer warps 1-3: the B operand's four planes of every k tile (header). With kSwap (B = grad_y) they
+// also sum grad_bias over the k tiles kt with kt % (A tiles) == blockIdx.x (the blocks of a chunk that
+// share these rows split the work), in FP32, and write the block's partial.
 template <class T, bool kSwap>
-__device__ __forceinline__ void transform_b(const CUtensorMap& tm_a, const CUtensorMap& tm_b, const KParams& p,
-                                            uint32_t base, const Bars& bar, int KT, int row0, int c0) {
-  const int wt = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int ci = 32 * (wt & 1) + lane, mg0 = 2 * (wt >> 1);
+__device__ __forceinline__ void transform_x(const KParams& p, uint32_t base, const Bars& bar, int KT) {
+  const int wt = (threadIdx.x >> 5) - 1, lane = threadIdx.x & 31;
   const bool bias = kSwap && p.ws_bias != nullptr;
-  const uint32_t xw = base + kXOff + wt * kXBox, full = bar.x_full + 8 * wt * kXStages;
-  const auto load = [&](int kt) {  // lane 0: this warp's box of k tile kt into its stage
-    const uint32_t b = full + 8 * (kt % kXStages);
-    mbar_arrive_expect_tx(b, kXBox);
-    tma_load_2d(xw + (kt % kXStages) * kXBytes, &tm_b, (c0 + 32 * (wt & 1)) * 4, row0 + kt * kBK + 8 * mg0, b);
-  };
-  // lane 0: the A operand's boxes wt and wt + 4 of k tile kt (those of the consumer warps that run), each
-  // transform warp announcing its own bytes on the stage's barrier.
-  const auto load_a = [&](int kt) {
-    const uint32_t b = bar.gy_full + 8 * (kt % kGyStages);
-    const int boxes = static_cast<int>(blockIdx.x) * kBD + 64 >= p.na ? 4 : 8;  // (the kernel's upper_idle)
-    mbar_arrive_expect_tx(b, (wt + 4 < boxes ? 2 : 1) * kGyBox);
-    for (int w = wt; w < boxes; w += 4)
-      tma_load_2d(base + (kt % kGyStages) * kGyBytes + w * kGyBox, &tm_a, (static_cast<int>(blockIdx.x) * kBD + 16 * w) * 4,
-                  row0 + kt * kBK, b);
-  };
-  if (lane == 0) {
-    if (wt == 0) tma_prefetch_desc(&tm_b);
-    if (wt == 1) tma_prefetch_desc(&tm_a);
-    for (int kt = 0; kt < kXStages && kt < KT; ++kt) load(kt);
-    for (int kt = 0; kt < kGyStages && kt < KT; ++kt) load_a(kt);
-  }
-  float bsum = 0.f;  // channel ci of the B tile
+  float bsum[2] = {0.f, 0.f};  // channels lane, 32 + lane of the B tile
+  // Counters for kt % (A tiles) == blockIdx.x, the x stage and the plane buffer (as in consume)
+  int bias_kt = bias ? static_cast<int>(blockIdx.x) : -1;
+  int s = 0, buf = 0;
+  uint32_t s_phase = 0, buf_phase = 0;
   for (int kt = 0; kt < KT; ++kt) {
-    const bool bias_tile = bias && kt % static_cast<int>(gridDim.x) == static_cast<int>(blockIdx.x);
-    const int s = kt % kXStages, buf = kt % kPlaneBufs;
-    mbar_wait(full + 8 * s, (kt / kXStages) & 1);
-    if (kt >= kPlaneBufs) {
-      mbar_wait(bar.pfree + 8 * buf, ((kt / kPlaneBufs) - 1) & 1);  // its last tile (kt - 3) was read
-      // Every consumer warp arrived there after taking tile kt - 3's raw A values into registers, so
-      // their stage is free: it takes tile kt + 1, a tile before the consumers need it.
-      if (lane == 0 && kt + 1 < KT) load_a(kt + 1);
-    }
-    const uint32_t xr = xw + s * kXBytes, pb = base + kPlanesOff + buf * 4 * kPlane;
-    // Both units unrolled, so that one unit's loads can overlap the other's math (v22).
+    const bool bias_tile = kt == bias_kt;
+    bias_kt += bias_tile ? static_cast<int>(gridDim.x) : 0;
+    mbar_wait(bar.x_full + 8 * s, s_phase);
+    if (kt >= kPlaneBufs) mbar_wait(bar.pfree + 8 * buf, buf_phase ^ 1u);  // its last tile was read
+    const uint32_t xr = base + kXOff + s * kXBytes, pb = base + kPlanesOff + buf * 4 * kPlane;
+    // Unit u: 32 channels x 8 rows; units wt, wt + 3, wt + 6 (< 8) unrolled, so that one unit's loads can
+    // overlap the previous one's math (0-6% faster at ViT sizes, benchmarks/README.md v22; 56 registers).
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int mg = mg0 + j;
+    for (int k = 0; k < (8 + kXformWarps - 1) / kXformWarps; ++k) {
+      const int u = wt + kXformWarps * k;
+      if (u >= 8) break;
+      const int ci = 32 * (u & 1) + lane, mg = u >> 1;
       uint32_t packed[4][4];  // [plane][row pair]
       float usum = 0.f;       // kSwap: f0 (the four values' sum, halved for fp16) over the unit's rows
 #pragma unroll
@@ -163,7 +132,7 @@ __device__ __forceinline__ void transform_b(const CUtensorMap& tm_a, const CUten
         float f[2][4];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint2 v = lds64(xr + (8 * j + 2 * i + h) * 256 + lane * 8);
+          const uint2 v = lds64(xr + (8 * mg + 2 * i + h) * 512 + ci * 8);
           const float2 a = Elem<T>::unpack(v.x), b = Elem<T>::unpack(v.y);
           dft4<Elem<T>::kHalve>(a.x, a.y, b.x, b.y, f[h][0], f[h][1], f[h][2], f[h][3]);
         }
@@ -174,26 +143,39 @@ __device__ __forceinline__ void transform_b(const CUtensorMap& tm_a, const CUten
       const uint32_t off = ci * 64 + ((mg ^ ((ci >> 1) & 3)) << 4);
 #pragma unroll
       for (int pl = 0; pl < 4; ++pl) sts128(pb + pl * kPlane + off, packed[pl]);
-      if (bias_tile) bsum += usum;
+      if (bias_tile) {  // (no register array indexed at run time: that would go to local memory)
+        if (u & 1)
+          bsum[1] += usum;
+        else
+          bsum[0] += usum;
+      }
     }
-    // The stores are read by wgmma (the async proxy); the fence also orders this warp's reads of the raw
-    // stage before the TMA load that overwrites it.
-    fence_proxy_async_smem();
+    fence_proxy_async_smem();  // the stores are read by wgmma (the async proxy)
     __syncwarp();
     if (lane == 0) {
+      mbar_arrive(bar.x_empty + 8 * s);
       mbar_arrive(bar.ready + 8 * buf);
-      if (kt + kXStages < KT) load(kt + kXStages);
     }
+    s = s == kXStages - 1 ? 0 : s + 1;
+    s_phase ^= s == 0 ? 1u : 0u;
+    buf = buf == kPlaneBufs - 1 ? 0 : buf + 1;
+    buf_phase ^= buf == 0 ? 1u : 0u;
   }
-  if (bias) {  // each channel's two warps (w & 1 alike), added in warp order
-    const uint32_t red = base + kBiasOff;  // [warp][lane]
-    sts32(red + 4 * (wt * 32 + lane), __float_as_uint(bsum));
+  if (bias) {  // the three warps' sums of each channel, added in warp order
+    const uint32_t red = base + kBiasOff;  // [warp][channel of the B tile]
+    sts32(red + 4 * (wt * kBC + lane), __float_as_uint(bsum[0]));
+    sts32(red + 4 * (wt * kBC + 32 + lane), __float_as_uint(bsum[1]));
     named_barrier_sync(1, 32 * kXformWarps);
-    if (wt < 2) {
-      const int o0 = static_cast<int>(blockIdx.y) * kBC, ch = 32 * wt + lane;
+    if (wt == 0) {
+      const int o0 = static_cast<int>(blockIdx.y) * kBC;
       float* const wb = p.ws_bias + (int64_t(blockIdx.z) * gridDim.x + blockIdx.x) * p.d;
-      const float sum = __uint_as_float(lds32(red + 4 * ch)) + __uint_as_float(lds32(red + 4 * (64 + ch)));
-      if (o0 + ch < p.d) wb[o0 + ch] = Elem<T>::kHalve ? 2.f * sum : sum;  // fp16's f0 is halved
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int ch = 32 * h + lane;
+        const float s0 = __uint_as_float(lds32(red + 4 * ch)), s1 = __uint_as_float(lds32(red + 4 * (kBC + ch)));
+        const float sum = (s0 + s1) + __uint_as_float(lds32(red + 4 * (2 * kBC + ch)));
+        if (o0 + ch < p.d) wb[o0 + ch] = Elem<T>::kHalve ? 2.f * sum : sum;  // fp16's f0 is halved
+      }
     }
   }
 }
@@ -227,8 +209,15 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
   mbar_wait(bar.gy_full, 0);
   load(v[0], base, 0);
   load(v[1], base, 1);
+  // Per-tile bookkeeping by counters, not kt % num_c (a division by a run-time value at the top of every
+  // tile, ~12% of the consumers' stall samples) or kt % 3: the next k tile with bias work, and the plane
+  // buffer of tile kt with its phase.
+  int bias_kt = bias ? my_c : -1;
+  int buf = 0, buf_prev = kPlaneBufs - 1;
+  uint32_t phase = 0;
   for (int kt = 0; kt < KT; ++kt) {
-    const bool bias_tile = bias && kt % num_c == my_c;
+    const bool bias_tile = kt == bias_kt;
+    bias_kt += bias_tile ? num_c : 0;
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
       uint32_t(&f)[4][4] = fa[ks];
@@ -247,10 +236,15 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
         dft4<Elem<T>::kHalve>(e.x, e.y, g.x, g.y, p1[0], p1[1], p1[2], p1[3]);
 #pragma unroll
         for (int pl = 0; pl < 4; ++pl) f[pl][r] = Elem<T>::pack(p0[pl], p1[pl]);
-        if (bias_tile) bsum[r & 1] += ((a.x + a.y) + (b.x + b.y)) + ((e.x + e.y) + (g.x + g.y));
+        // grad_bias: f0 is the four values' sum (halved for fp16); selected, not branched on
+        bsum[r & 1] += bias_tile ? p0[0] + p1[0] : 0.f;
       }
-      if (ks == 0) mbar_wait(bar.ready + 8 * (kt % kPlaneBufs), (kt / kPlaneBufs) & 1);  // x's planes of this tile
-      const uint64_t dk = desc0 + (((kt % kPlaneBufs) * 4 * kPlane + ks * 32) >> 4);
+      if (ks == 1) {  // tile kt's raw grad_y is in registers now: its stage is free
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar.gy_empty + 8 * (kt % kGyStages));
+      }
+      if (ks == 0) mbar_wait(bar.ready + 8 * buf, phase);  // x's planes of this tile
+      const uint64_t dk = desc0 + ((buf * 4 * kPlane + ks * 32) >> 4);
       const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
       wgmma_fence();
       wgmma_m64n64_rs<T, 1>(acc[1], f[1], dr);
@@ -269,8 +263,11 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
 #pragma unroll
       for (int op = 0; op < 4; ++op) reg_fence(fa[ks ^ 1][op]);
       // At ks == 0 that previous group was k tile kt - 1's last: release its stage.
-      if (ks == 0 && kt > 0 && lane == 0) mbar_arrive(bar.pfree + 8 * ((kt - 1) % kPlaneBufs));
+      if (ks == 0 && kt > 0 && lane == 0) mbar_arrive(bar.pfree + 8 * buf_prev);
     }
+    buf_prev = buf;
+    buf = buf == kPlaneBufs - 1 ? 0 : buf + 1;
+    phase ^= buf == 0 ? 1u : 0u;
   }
   wgmma_retire_all(acc, fa);
 
@@ -322,7 +319,7 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
     float* const wb = p.ws_bias + (int64_t(blockIdx.z) * num_c + my_c) * d;
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      if (t == 0 && o_lo + h < d) wb[o_lo + h] = bsum[h];
+      if (t == 0 && o_lo + h < d) wb[o_lo + h] = Elem<T>::kHalve ? 2.f * bsum[h] : bsum[h];  // fp16's f0 is halved
   }
 }
 
@@ -336,20 +333,29 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   Bars bar;
   bar.gy_full = base + kBarOff;
-  bar.x_full = bar.gy_full + 8 * kGyStages;
-  bar.ready = bar.x_full + 8 * kXformWarps * kXStages;
+  bar.gy_empty = bar.gy_full + 8 * kGyStages;
+  bar.x_full = bar.gy_empty + 8 * kGyStages;
+  bar.x_empty = bar.x_full + 8 * kXStages;
+  bar.ready = bar.x_empty + 8 * kXStages;
   bar.pfree = bar.ready + 8 * kPlaneBufs;
   const int64_t mb = int64_t(blockIdx.z) * p.chunk_rows;  // this block's rows: [mb, me)
   const int64_t me = std::min(p.M, mb + p.chunk_rows);
   const int KT = static_cast<int>((me - mb + kBK - 1) / kBK);  // >= 1: the plan makes no empty chunk
   // A last o tile of 64 channels or fewer (d % 128 in 1 .. 64: ViT-B's d = 192, 576) leaves consumer
-  // warpgroup 2 (o rows 64-127) nothing: it idles and loads no grad_y boxes.
+  // warpgroup 2 (o rows 64-127) nothing: it idles, its grad_y boxes are not loaded, and the stages
+  // wait for warpgroup 1's four warps only.
   const bool upper_idle = static_cast<int>(blockIdx.x) * kBD + 64 >= p.na;
   const int consumer_warps = upper_idle ? 4 : 8;
 
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kGyStages; ++s) mbar_init(bar.gy_full + 8 * s, kXformWarps);
-    for (int i = 0; i < kXformWarps * kXStages; ++i) mbar_init(bar.x_full + 8 * i, 1);
+    for (int s = 0; s < kGyStages; ++s) {
+      mbar_init(bar.gy_full + 8 * s, 1);
+      mbar_init(bar.gy_empty + 8 * s, consumer_warps);
+    }
+    for (int s = 0; s < kXStages; ++s) {
+      mbar_init(bar.x_full + 8 * s, 1);
+      mbar_init(bar.x_empty + 8 * s, kXformWarps);
+    }
     for (int b = 0; b < kPlaneBufs; ++b) {
       mbar_init(bar.ready + 8 * b, kXformWarps);
       mbar_init(bar.pfree + 8 * b, consumer_warps);
@@ -358,10 +364,26 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
   }
   __syncthreads();
 
-  const int row0 = static_cast<int>(mb);  // < 2^31: the host bounds M
-  if (threadIdx.x < 128) {  // ---- producer warpgroup: the transform warps ----
+  if (threadIdx.x < 128) {  // ---- producer warpgroup ----
     setmaxnreg_dec<56>();
-    transform_b<T, kSwap>(tm_gy, tm_x, p, base, bar, KT, row0, static_cast<int>(blockIdx.y) * kBC);
+    if (threadIdx.x == 0) {
+      tma_prefetch_desc(&tm_gy);
+      tma_prefetch_desc(&tm_x);
+      const int o0 = static_cast<int>(blockIdx.x) * kBD, c0 = static_cast<int>(blockIdx.y) * kBC;
+      for (int kt = 0; kt < KT; ++kt) {
+        const int row = static_cast<int>(mb) + kt * kBK;  // < 2^31: the host bounds M
+        const int sg = kt % kGyStages, sx = kt % kXStages;
+        if (kt >= kGyStages) mbar_wait(bar.gy_empty + 8 * sg, ((kt / kGyStages) - 1) & 1);
+        mbar_arrive_expect_tx(bar.gy_full + 8 * sg, consumer_warps * kGyBox);
+        for (int b = 0; b < consumer_warps; ++b)  // box b: o rows 16 b .. 16 b + 15, consumer warp b's
+          tma_load_2d(base + sg * kGyBytes + b * kGyBox, &tm_gy, (o0 + 16 * b) * 4, row, bar.gy_full + 8 * sg);
+        if (kt >= kXStages) mbar_wait(bar.x_empty + 8 * sx, ((kt / kXStages) - 1) & 1);
+        mbar_arrive_expect_tx(bar.x_full + 8 * sx, kXBytes);
+        tma_load_2d(base + kXOff + sx * kXBytes, &tm_x, c0 * 4, row, bar.x_full + 8 * sx);
+      }
+    } else if (threadIdx.x >= 32) {
+      transform_x<T, kSwap>(p, base, bar, KT);
+    }
   } else {
     setmaxnreg_inc<224>();
     if (threadIdx.x < 256 || !upper_idle) consume<T, kSwap>(p, base, bar, KT);
@@ -385,7 +407,7 @@ cudaError_t launch(const BwdWeightSm90Args& a, cudaStream_t stream) {
   const cuuint32_t a_box[2] = {64, kBK};  // 16 channels x 4 group values: 128 bytes
   const cuuint64_t b_dims[2] = {static_cast<cuuint64_t>(4 * nb), static_cast<cuuint64_t>(a.M)};
   const cuuint64_t b_strides[1] = {static_cast<cuuint64_t>(4 * kE) * nb};
-  const cuuint32_t b_box[2] = {4 * 32, 16};  // a transform warp's: 32 channels x 4 group values x 16 rows
+  const cuuint32_t b_box[2] = {4 * kBC, kBK};  // 64 channels x 4 group values: 512 bytes
   if (!encode(&tm_a, pa, kE, 2, a_dims, a_strides, a_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
       !encode(&tm_b, pb, kE, 2, b_dims, b_strides, b_box, CU_TENSOR_MAP_SWIZZLE_NONE))
     return cudaErrorInvalidValue;
