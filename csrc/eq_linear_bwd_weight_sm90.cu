@@ -108,15 +108,11 @@ __device__ __forceinline__ void transform_x(const KParams& p, uint32_t base, con
   const int wt = (threadIdx.x >> 5) - 1, lane = threadIdx.x & 31;
   const bool bias = kSwap && p.ws_bias != nullptr;
   float bsum[2] = {0.f, 0.f};  // channels lane, 32 + lane of the B tile
-  // Counters for kt % (A tiles) == blockIdx.x, the x stage and the plane buffer (as in consume)
-  int bias_kt = bias ? static_cast<int>(blockIdx.x) : -1;
-  int s = 0, buf = 0;
-  uint32_t s_phase = 0, buf_phase = 0;
   for (int kt = 0; kt < KT; ++kt) {
-    const bool bias_tile = kt == bias_kt;
-    bias_kt += bias_tile ? static_cast<int>(gridDim.x) : 0;
-    mbar_wait(bar.x_full + 8 * s, s_phase);
-    if (kt >= kPlaneBufs) mbar_wait(bar.pfree + 8 * buf, buf_phase ^ 1u);  // its last tile was read
+    const bool bias_tile = bias && kt % static_cast<int>(gridDim.x) == static_cast<int>(blockIdx.x);
+    const int s = kt % kXStages, buf = kt % kPlaneBufs;
+    mbar_wait(bar.x_full + 8 * s, (kt / kXStages) & 1);
+    if (kt >= kPlaneBufs) mbar_wait(bar.pfree + 8 * buf, ((kt / kPlaneBufs) - 1) & 1);  // its last tile was read
     const uint32_t xr = base + kXOff + s * kXBytes, pb = base + kPlanesOff + buf * 4 * kPlane;
     // Unit u: 32 channels x 8 rows; units wt, wt + 3, wt + 6 (< 8) unrolled, so that one unit's loads can
     // overlap the previous one's math (0-6% faster at ViT sizes, benchmarks/README.md v22; 56 registers).
@@ -156,10 +152,6 @@ __device__ __forceinline__ void transform_x(const KParams& p, uint32_t base, con
       mbar_arrive(bar.x_empty + 8 * s);
       mbar_arrive(bar.ready + 8 * buf);
     }
-    s = s == kXStages - 1 ? 0 : s + 1;
-    s_phase ^= s == 0 ? 1u : 0u;
-    buf = buf == kPlaneBufs - 1 ? 0 : buf + 1;
-    buf_phase ^= buf == 0 ? 1u : 0u;
   }
   if (bias) {  // the three warps' sums of each channel, added in warp order
     const uint32_t red = base + kBiasOff;  // [warp][channel of the B tile]
@@ -209,15 +201,8 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
   mbar_wait(bar.gy_full, 0);
   load(v[0], base, 0);
   load(v[1], base, 1);
-  // Per-tile bookkeeping by counters, not kt % num_c (a division by a run-time value at the top of every
-  // tile, ~12% of the consumers' stall samples) or kt % 3: the next k tile with bias work, and the plane
-  // buffer of tile kt with its phase.
-  int bias_kt = bias ? my_c : -1;
-  int buf = 0, buf_prev = kPlaneBufs - 1;
-  uint32_t phase = 0;
   for (int kt = 0; kt < KT; ++kt) {
-    const bool bias_tile = kt == bias_kt;
-    bias_kt += bias_tile ? num_c : 0;
+    const bool bias_tile = bias && kt % num_c == my_c;
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
       uint32_t(&f)[4][4] = fa[ks];
@@ -236,15 +221,14 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
         dft4<Elem<T>::kHalve>(e.x, e.y, g.x, g.y, p1[0], p1[1], p1[2], p1[3]);
 #pragma unroll
         for (int pl = 0; pl < 4; ++pl) f[pl][r] = Elem<T>::pack(p0[pl], p1[pl]);
-        // grad_bias: f0 is the four values' sum (halved for fp16); selected, not branched on
-        bsum[r & 1] += bias_tile ? p0[0] + p1[0] : 0.f;
+        if (bias_tile) bsum[r & 1] += ((a.x + a.y) + (b.x + b.y)) + ((e.x + e.y) + (g.x + g.y));
       }
       if (ks == 1) {  // tile kt's raw grad_y is in registers now: its stage is free
         __syncwarp();
         if (lane == 0) mbar_arrive(bar.gy_empty + 8 * (kt % kGyStages));
       }
-      if (ks == 0) mbar_wait(bar.ready + 8 * buf, phase);  // x's planes of this tile
-      const uint64_t dk = desc0 + ((buf * 4 * kPlane + ks * 32) >> 4);
+      if (ks == 0) mbar_wait(bar.ready + 8 * (kt % kPlaneBufs), (kt / kPlaneBufs) & 1);  // x's planes of this tile
+      const uint64_t dk = desc0 + (((kt % kPlaneBufs) * 4 * kPlane + ks * 32) >> 4);
       const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
       wgmma_fence();
       wgmma_m64n64_rs<T, 1>(acc[1], f[1], dr);
@@ -263,11 +247,8 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
 #pragma unroll
       for (int op = 0; op < 4; ++op) reg_fence(fa[ks ^ 1][op]);
       // At ks == 0 that previous group was k tile kt - 1's last: release its stage.
-      if (ks == 0 && kt > 0 && lane == 0) mbar_arrive(bar.pfree + 8 * buf_prev);
+      if (ks == 0 && kt > 0 && lane == 0) mbar_arrive(bar.pfree + 8 * ((kt - 1) % kPlaneBufs));
     }
-    buf_prev = buf;
-    buf = buf == kPlaneBufs - 1 ? 0 : buf + 1;
-    phase ^= buf == 0 ? 1u : 0u;
   }
   wgmma_retire_all(acc, fa);
 
@@ -319,7 +300,7 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
     float* const wb = p.ws_bias + (int64_t(blockIdx.z) * num_c + my_c) * d;
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      if (t == 0 && o_lo + h < d) wb[o_lo + h] = Elem<T>::kHalve ? 2.f * bsum[h] : bsum[h];  // fp16's f0 is halved
+      if (t == 0 && o_lo + h < d) wb[o_lo + h] = bsum[h];
   }
 }
 
