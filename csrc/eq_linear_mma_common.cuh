@@ -41,8 +41,10 @@ template <> struct Elem<__half> {
 template <> struct Elem<__nv_bfloat16> {
   using H2 = __nv_bfloat162;
   static constexpr bool kHalve = false;
+  // bf16 -> FP32 is exact: the 16 bits moved into the upper half, one integer instruction per value
+  // (the intrinsic's half extraction compiled to ~1.5)
   static __device__ __forceinline__ float2 unpack(uint32_t u) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
   }
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
