@@ -7,7 +7,9 @@ nn.Linear (gy^T x) for scale; the whole backward op with the fused weight gradie
 (from the training forward's kept planes); the forward and the plane-keeping training forward. The
 last columns add them up: one layer's forward + backward with either method, against three dense GEMMs.
 Writes benchmarks/results/weight_grad_<commit>.{json,md}. With --ab NAME=VALUE only the fused weight gradient
-is timed, with and without that switch in alternating rounds (weight_grad_ab_<name>_<commit>.json).
+is timed, with and without that switch in alternating rounds (weight_grad_ab_<name>_<commit>.json). With
+--fused-only only the fused weight gradient, one line per shape ("<dtype> <shape> <us> us"), nothing written:
+what benchmarks/ab_builds.sh compares across builds.
 """
 
 from __future__ import annotations
@@ -101,6 +103,19 @@ def ab_rows(switch: str, shapes: list[str], dtypes: list[str], rounds: int = 3) 
     return rows
 
 
+def fused_times(shapes: list[str], dtypes: list[str], rounds: int = 3) -> None:
+    """Prints the fused weight gradient's us per call per shape (median of `rounds` graphed timings)."""
+    op = torch.ops.flash_eqlinear.eq_linear_bwd_weight
+    for dname in dtypes:
+        for shape in shapes:
+            M, c, d = SHAPES[shape]
+            g = torch.Generator(device="cuda").manual_seed(0)
+            x = torch.randn(M, 4 * c, device="cuda", dtype=DTYPES[dname], generator=g)
+            gy = torch.randn(M, 4 * d, device="cuda", dtype=DTYPES[dname], generator=g)
+            t = statistics.median(us(lambda: op(x, gy)) for _ in range(rounds))  # noqa: B023
+            print(f"{dname} {shape} {t:.1f} us", flush=True)
+
+
 def markdown(rows: list[dict], env: dict) -> str:
     out = [
         f"# Weight gradient and one layer's training step: {env['gpu']}, torch {env['torch']}, "
@@ -133,12 +148,18 @@ def main(argv=None) -> int:
         metavar="NAME=VALUE",
         help="only the fused weight gradient, with and without this switch (FLASH_EQLINEAR_WGRAD_SWAP=1)",
     )
+    ap.add_argument(
+        "--fused-only", action="store_true", help="only the fused weight gradient, printed per shape"
+    )
     args = ap.parse_args(argv)
     if args.ab is not None and "=" not in args.ab:
         ap.error("--ab takes NAME=VALUE")
     if not torch.cuda.is_available():
         print("error: no CUDA device", file=sys.stderr)
         return 1
+    if args.fused_only:
+        fused_times(args.shapes.split(","), args.dtypes.split(","))
+        return 0
     env = environment()
     if args.ab is not None:
         rows = ab_rows(args.ab, args.shapes.split(","), args.dtypes.split(","))
