@@ -75,45 +75,46 @@ def run_shape(M: int, c: int, d: int, dt: torch.dtype) -> dict:
     return r
 
 
+def wgrad_inputs(shapes: list[str], dtypes: list[str]):
+    """Per dtype and shape: (dtype name, shape name, (M, c, d), x, grad_y), seeded."""
+    for dname in dtypes:
+        for shape in shapes:
+            M, c, d = SHAPES[shape]
+            g = torch.Generator(device="cuda").manual_seed(0)
+            x = torch.randn(M, 4 * c, device="cuda", dtype=DTYPES[dname], generator=g)
+            gy = torch.randn(M, 4 * d, device="cuda", dtype=DTYPES[dname], generator=g)
+            yield dname, shape, (M, c, d), x, gy
+
+
 def ab_rows(switch: str, shapes: list[str], dtypes: list[str], rounds: int = 3) -> list[dict]:
     """The fused weight gradient with and without the switch NAME=VALUE, in alternating rounds (the switch
     holds while each graph is captured, which is when the kernels read it): us per call, medians."""
     name, value = switch.split("=", 1)
     op = torch.ops.flash_eqlinear.eq_linear_bwd_weight
     rows = []
-    for dname in dtypes:
-        for shape in shapes:
-            M, c, d = SHAPES[shape]
-            g = torch.Generator(device="cuda").manual_seed(0)
-            x = torch.randn(M, 4 * c, device="cuda", dtype=DTYPES[dname], generator=g)
-            gy = torch.randn(M, 4 * d, device="cuda", dtype=DTYPES[dname], generator=g)
-            base, switched = [], []
-            for _ in range(rounds):
-                base.append(us(lambda: op(x, gy)))  # noqa: B023
-                switched.append(us(lambda: op(x, gy), switches={name: value}))  # noqa: B023
-            r = {"dtype": dname, "shape": shape, "M": M, "c": c, "d": d, "switch": switch}
-            r.update(default_us=statistics.median(base), switched_us=statistics.median(switched))
-            r["ratio"] = r["switched_us"] / r["default_us"]
-            print(
-                f"{dname} {shape}: default {r['default_us']:.1f} us, {switch} {r['switched_us']:.1f} us, "
-                f"ratio {r['ratio']:.3f}",
-                flush=True,
-            )
-            rows.append(r)
+    for dname, shape, (M, c, d), x, gy in wgrad_inputs(shapes, dtypes):
+        base, switched = [], []
+        for _ in range(rounds):
+            base.append(us(lambda: op(x, gy)))  # noqa: B023
+            switched.append(us(lambda: op(x, gy), switches={name: value}))  # noqa: B023
+        r = {"dtype": dname, "shape": shape, "M": M, "c": c, "d": d, "switch": switch}
+        r.update(default_us=statistics.median(base), switched_us=statistics.median(switched))
+        r["ratio"] = r["switched_us"] / r["default_us"]
+        print(
+            f"{dname} {shape}: default {r['default_us']:.1f} us, {switch} {r['switched_us']:.1f} us, "
+            f"ratio {r['ratio']:.3f}",
+            flush=True,
+        )
+        rows.append(r)
     return rows
 
 
 def fused_times(shapes: list[str], dtypes: list[str], rounds: int = 3) -> None:
     """Prints the fused weight gradient's us per call per shape (median of `rounds` graphed timings)."""
     op = torch.ops.flash_eqlinear.eq_linear_bwd_weight
-    for dname in dtypes:
-        for shape in shapes:
-            M, c, d = SHAPES[shape]
-            g = torch.Generator(device="cuda").manual_seed(0)
-            x = torch.randn(M, 4 * c, device="cuda", dtype=DTYPES[dname], generator=g)
-            gy = torch.randn(M, 4 * d, device="cuda", dtype=DTYPES[dname], generator=g)
-            t = statistics.median(us(lambda: op(x, gy)) for _ in range(rounds))  # noqa: B023
-            print(f"{dname} {shape} {t:.1f} us", flush=True)
+    for dname, shape, _, x, gy in wgrad_inputs(shapes, dtypes):
+        t = statistics.median(us(lambda: op(x, gy)) for _ in range(rounds))  # noqa: B023
+        print(f"{dname} {shape} {t:.1f} us", flush=True)
 
 
 def markdown(rows: list[dict], env: dict) -> str:
