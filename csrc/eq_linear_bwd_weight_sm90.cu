@@ -33,9 +33,10 @@
 // 128 input channels) and grad_y takes x's (transformed in shared memory, tiles of 64 output channels);
 // the block computes the transposed tile, stored transposed, with PI's sign flipped (gI fR - gR fI =
 // -(fI gR - fR gI)), and the transform warps sum grad_bias (grad_y's f0, summed per unit outside the
-// unrolled transform body: a branch inside it slowed those warps, which set the pace, by 20-30%). Same
-// work per block; chosen where it pads the output to fewer tile cells (eq_bwd_weight_sm90_swap: e.g.
-// d = 192, c = 768, where the last 128-wide o tile would be half empty; 1.28x faster there).
+// unrolled transform body: a branch inside it slowed the whole kernel by 20-30%, as the transform warps
+// share schedulers with the consumers, which set the pace: benchmarks/README.md v23). Same work per
+// block; chosen where it pads the output to fewer tile cells (eq_bwd_weight_sm90_swap: e.g. d = 192,
+// c = 768, where the last 128-wide o tile would be half empty; 1.28x faster there).
 //
 // A fragments: a fragment row holds one o, a register pair two consecutive m. Fragment rows gid and
 // gid + 8 of a warp are its o pair (2 gid, 2 gid + 1), so that one LDS.128 of raw grad_y (the 4 group
