@@ -23,8 +23,8 @@ struct BwdWeightSm90Args {
 };
 
 // The tile as the split plan models it: 128 output x 64 input channels, 32 rows per k tile, one block
-// of 512 threads per SM. The MAC rate is a planning figure (half the dense fp16 peak of an H100 SM).
-constexpr split::TileModel kBwdWeightSm90Model{128, 64, 32, 1, 512, 1024.0, 6000.0, true};
+// of 384 threads per SM. The MAC rate is a planning figure (half the dense fp16 peak of an H100 SM).
+constexpr split::TileModel kBwdWeightSm90Model{128, 64, 32, 1, 384, 1024.0, 6000.0, true};
 
 // Bias partials per row chunk: each block of the chunk that shares its grad_y rows (its x tiles: 64
 // channels wide, 128 with swapped roles) sums grad_y over a share of its k tiles.

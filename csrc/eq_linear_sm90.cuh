@@ -142,31 +142,6 @@ __device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[8][4], const uint32_t
   __trap();
 #endif
 }
-// d (64 x 64 per warpgroup, FP32) += kScaleA * A (descriptor) * B (descriptor), fp16 / bf16, one k16 step:
-// both operands K-major in shared memory (wgmma_desc_sw64 layouts; A's 64 rows are the warpgroup's).
-template <class T, int kScaleA>
-__device__ __forceinline__ void wgmma_m64n64_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b) {
-  static_assert(kScaleA == 1 || kScaleA == -1, "imm-scale-a is +1 or -1");
-#ifdef FLASH_EQLINEAR_WGMMA
-  if constexpr (std::is_same_v<T, __half>) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FLASH_EQLINEAR_WGMMA_D
-                 ", %32, %33, p, %35, 1, 0, 0;\n}\n"
-                 : FLASH_EQLINEAR_WGMMA_D_OPS(d)
-                 : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kScaleA));
-  } else {
-    static_assert(std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16");
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FLASH_EQLINEAR_WGMMA_D
-                 ", %32, %33, p, %35, 1, 0, 0;\n}\n"
-                 : FLASH_EQLINEAR_WGMMA_D_OPS(d)
-                 : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kScaleA));
-  }
-#else
-  (void)d, (void)desc_a, (void)desc_b;
-  __trap();
-#endif
-}
 #undef FLASH_EQLINEAR_WGMMA_D
 #undef FLASH_EQLINEAR_WGMMA_D_OPS
 
