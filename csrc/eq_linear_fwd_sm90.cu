@@ -89,7 +89,7 @@
 namespace flash_eqlinear {
 namespace {
 
-constexpr int kBM = 128, kBN = 64, kStages = 3;
+constexpr int kBM = 128, kBN = 64, kStages = 4;
 // Channels per stage: a stage holds 64-byte plane rows and two 128-byte x rows per tile row whatever
 // the element type, so 32 channels of fp16 / bf16 and 16 of float (TF32). Each k step (k16 of 16-bit
 // wgmma, k8 of TF32) covers 32 bytes of a plane row and one 128-byte x sub-tile: the byte layout,
@@ -106,11 +106,6 @@ constexpr int kSmem = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barr
 constexpr uint32_t kXfBufOffset = kStages * kStageBytes + 1024;
 constexpr int kSmemXf = kXfBufOffset + 2 * kXSub + 1024;
 static_assert(2 * kStages * 8 + 16 <= 1024, "the barriers before the writers' buffer");
-// The 16-bit plain variant's y staging (kYs): [consumer warpgroup][4 boxes of 16 channels][64 rows][128 B],
-// at the same offset (the variants are exclusive).
-constexpr uint32_t kYBox = 64 * 128, kYWg = 4 * kYBox;
-constexpr int kSmemYs = kXfBufOffset + 2 * kYWg + 1024;
-static_assert(kSmemYs <= 227 * 1024 && kSmemXf <= 227 * 1024, "an SM's shared memory per block");
 
 struct Sm90Params {
   const void* bias;  // (d,) or nullptr
@@ -165,10 +160,9 @@ __device__ __forceinline__ void xform_tf32(const uint4 v, uint32_t& F0, uint32_t
 // The consumer warpgroups (warps 4-11): main loop and epilogue of each tile of the walk.
 // kGelu: the epilogue stores GELU of the output (FwdParams::gelu). kF32Out (16-bit T): y is FP32
 // (FwdParams::y_f32), stored as the TF32 kernel stores it.
-// kYs: the tile's y through this warpgroup's staging buffer and TMA stores that drain during the next tile.
-template <class T, int kCl, bool kGelu, bool kF32Out, bool kYs>
+template <class T, int kCl, bool kGelu, bool kF32Out = false>
 __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint32_t full_bar, uint32_t empty_bar,
-                                        int num_tiles, const CUtensorMap* tm_y) {
+                                        int num_tiles) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, t = lane & 3;
   // Fragment row gid is tile row rg of the warp's 16 (header: the row order); rg & 7 == rg.
@@ -258,38 +252,6 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
     if (lane == 0) release((it - 1) % kStages);  // the tile's last stage
 
     // ---- epilogue ----
-    if constexpr (kYs) {
-      const int wg = row >> 6, r0 = row & 63;  // r0 & 7 == rg
-      const bool leader = (threadIdx.x & 127) == 0;
-      const uint32_t buf = base + kXfBufOffset + wg * kYWg;
-      if (leader) tma_store_wait();  // the previous tile's stores have read the buffer
-      named_barrier_sync(1 + wg, 128);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float2 bo = Elem<T>::unpack(bias2[j]);
-#pragma unroll
-        for (int r8 = 0; r8 < 2; ++r8) {
-          const int e = 2 * r8;
-          uint32_t out[4];
-          inverse_dft4<T>(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo.x, out[0], out[1]);
-          inverse_dft4<T>(acc[0][j][e + 1], acc[1][j][e + 1], acc[2][j][e + 1], acc[3][j][e + 1], bo.y, out[2], out[3]);
-          if constexpr (kGelu) {
-#pragma unroll
-            for (int q = 0; q < 4; ++q) out[q] = gelu_pair<T>(out[q]);
-          }
-          // box j / 2 (16 channels), 16-byte chunk 4 (j % 2) + t of row r, 128-byte swizzle
-          const int r = r0 + 8 * r8, chunk = 4 * (j & 1) + t;
-          sts128(buf + (j >> 1) * kYBox + r * 128 + ((chunk ^ (r & 7)) << 4), out);
-        }
-      }
-      fence_proxy_async_smem();  // read by the bulk stores (the async proxy)
-      named_barrier_sync(1 + wg, 128);
-      if (leader) {
-#pragma unroll
-        for (int b = 0; b < 4; ++b) tma_store_2d(tm_y, 4 * (n0 + 16 * b), m0 + 64 * wg, buf + b * kYBox);
-        tma_store_commit();
-      }
-    } else {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int o = n0 + 8 * j + 2 * t;
@@ -331,10 +293,6 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
         }
       }
     }
-    }
-  }
-  if constexpr (kYs) {
-    if ((threadIdx.x & 127) == 0) tma_store_wait<true>();  // the block's last stores are complete
   }
 }
 
@@ -403,7 +361,7 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uin
 template <class T, bool kXf, int kCl = 1, bool kGelu = false, bool kF32Out = false>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
-                          const __grid_constant__ CUtensorMap tm_y, const Sm90Params p) {
+                          const Sm90Params p) {
 #ifdef FLASH_EQLINEAR_WGMMA
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need aligned bases
@@ -470,8 +428,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     }
   } else {
     setmaxnreg_inc<kXf ? 224 : 240>();
-    consume<T, kCl, kGelu, kF32Out, sizeof(T) == 2 && !kXf && !kF32Out>(p, base, full_bar, empty_bar, num_tiles,
-                                                                         &tm_y);
+    consume<T, kCl, kGelu, kF32Out>(p, base, full_bar, empty_bar, num_tiles);
     // No CTA exits while its partner may still write to it or arrive on its barriers: every multicast
     // into a CTA and every remote arrival precedes its partner's consumers' last wait or arrival.
     // (The cluster barrier waits for the threads that have not exited: the producer warps need not
@@ -479,7 +436,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     if constexpr (kCl > 1) cluster_sync();
   }
 #else
-  (void)tm_x, (void)tm_p, (void)tm_y, (void)p;
+  (void)tm_x, (void)tm_p, (void)p;
   __trap();
 #endif
 }
@@ -521,15 +478,14 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (e != cudaSuccess) return e;
-  const bool f32_out = p.y_f32 && kE == 2;  // (TF32's y is FP32 anyway)
-  const bool ys = kE == 2 && p.xf == nullptr && !f32_out;  // the kernel's kYs epilogue
-  const int smem = p.xf != nullptr ? kSmemXf : ys ? kSmemYs : kSmem;
+  const int smem = p.xf != nullptr ? kSmemXf : kSmem;
   if (major != 9 || smem_optin < smem || !runs_sm90a<T>(dev)) return cudaSuccess;
 
   const int64_t num_m = (p.M + kBM - 1) / kBM, num_n = (p.d + kBN - 1) / kBN;
   if (num_m * num_n > 0x7fffffff - 1024) return cudaSuccess;  // int tile ids (+ the grid stride)
+  const bool f32_out = p.y_f32 && kE == 2;  // (TF32's y is FP32 anyway)
 
-  CUtensorMap tm_x, tm_p, tm_y;
+  CUtensorMap tm_x, tm_p;
   const cuuint64_t x_dims[2] = {static_cast<cuuint64_t>(4 * p.c), static_cast<cuuint64_t>(p.M)};
   const cuuint64_t x_strides[1] = {static_cast<cuuint64_t>(4 * kE * p.c)};
   const cuuint32_t x_box[2] = {128 / kE, kBM};
@@ -538,12 +494,6 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   const cuuint32_t p_box[3] = {kBK<T>, kBN, 4};
   if (!encode(&tm_x, p.x, kE, 2, x_dims, x_strides, x_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
       !encode(&tm_p, p.planes, kE, 3, p_dims, p_strides, p_box, CU_TENSOR_MAP_SWIZZLE_64B))
-    return cudaSuccess;  // no encoder (old driver) or a shape it rejects: the portable kernel runs
-  // y viewed as (M, 4d): boxes of 16 channels x 4 values x 64 rows, 128-byte swizzle (the staging layout)
-  const cuuint64_t y_dims[2] = {static_cast<cuuint64_t>(4 * p.d), static_cast<cuuint64_t>(p.M)};
-  const cuuint64_t y_strides[1] = {static_cast<cuuint64_t>(4 * kE * p.d)};
-  const cuuint32_t y_box[2] = {64, 64};
-  if (ys && !encode(&tm_y, p.y, kE, 2, y_dims, y_strides, y_box, CU_TENSOR_MAP_SWIZZLE_128B))
     return cudaSuccess;  // no encoder (old driver) or a shape it rejects: the portable kernel runs
 
   Sm90Params kp;
@@ -598,7 +548,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
     if (clusters > 0) {
       cfg.gridDim = dim3(static_cast<unsigned>(2 * std::min<int64_t>(num_m * kp.num_ng, clusters)));
       *launched = true;
-      return launch_maybe_pdl(cfg, attr, kernel, tm_x, tm_p, ys ? tm_y : tm_x, kp);
+      return launch_maybe_pdl(cfg, attr, kernel, tm_x, tm_p, kp);
     }
   }
   kp.num_ng = kp.num_n;
@@ -610,7 +560,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   if (e != cudaSuccess) return e;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_m * num_n, num_sms));
   *launched = true;
-  return launch_maybe_pdl(dim3(grid), dim3(kThreads), smem, stream, kernel, tm_x, tm_p, ys ? tm_y : tm_x, kp);
+  return launch_maybe_pdl(dim3(grid), dim3(kThreads), smem, stream, kernel, tm_x, tm_p, kp);
 }
 
 }  // namespace

@@ -232,33 +232,6 @@ __device__ __forceinline__ uint32_t cluster_ctarank() {
 #endif
   return r;
 }
-// Shared memory (src, the box's layout) -> the box at (c0, c1) of the tensor map, as a bulk async-group
-// of the issuing thread; elements outside the tensor are not written.
-__device__ __forceinline__ void tma_store_2d(const void* tmap, int c0, int c1, uint32_t src) {
-#ifdef FLASH_EQLINEAR_WGMMA
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(tmap)),
-               "r"(c0), "r"(c1), "r"(src)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void tma_store_commit() {
-#ifdef FLASH_EQLINEAR_WGMMA
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#endif
-}
-// Until the issuing thread's bulk groups have read their shared-memory sources (which may then be
-// rewritten); with kAll, until their writes are complete.
-template <bool kAll = false>
-__device__ __forceinline__ void tma_store_wait() {
-#ifdef FLASH_EQLINEAR_WGMMA
-  if constexpr (kAll)
-    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-  else
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-#endif
-}
-
 // The shared::cluster address of shared-memory address addr (of this CTA's layout) in CTA rank.
 __device__ __forceinline__ uint32_t cluster_map(uint32_t addr, uint32_t rank) {
   uint32_t r = addr;
