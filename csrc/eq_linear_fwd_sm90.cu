@@ -89,7 +89,7 @@
 namespace flash_eqlinear {
 namespace {
 
-constexpr int kBM = 128, kBN = 64, kStages = 8;  // half-stages: one k16 step each
+constexpr int kBM = 128, kBN = 64, kStages = 4;
 // Channels per stage: a stage holds 64-byte plane rows and two 128-byte x rows per tile row whatever
 // the element type, so 32 channels of fp16 / bf16 and 16 of float (TF32). Each k step (k16 of 16-bit
 // wgmma, k8 of TF32) covers 32 bytes of a plane row and one 128-byte x sub-tile: the byte layout,
@@ -98,8 +98,8 @@ template <class T>
 constexpr int kBK = 64 / int(sizeof(T));
 constexpr int kConsumerWarps = 8, kThreads = 128 + 32 * kConsumerWarps;
 constexpr uint32_t kXSub = kBM * 128;          // one 16-channel x sub-tile: 16 KB
-constexpr uint32_t kPlane = kBN * 32;           // one plane tile of 16 channels: 2 KB
-constexpr uint32_t kStageBytes = kXSub + 4 * kPlane;
+constexpr uint32_t kPlane = kBN * 64;           // one plane tile: 4 KB
+constexpr uint32_t kStageBytes = 2 * kXSub + 4 * kPlane;
 constexpr int kSmem = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers + alignment slack
 // The xf-writing variant: a second copy of the x tile of each stage it writes, in a buffer of its own
 // (1024-aligned after the barrier area, which then also holds its two barriers): 226 KB of the 227.
@@ -170,7 +170,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
   const int row = (warp - 4) * 16 + rg;  // tile row of regs 0/2; +8 for regs 1/3
   // The row's 16-byte chunks of channels 2t, 2t+1 (k lo) and 2t+8, 2t+9 (k hi), swizzled
   const uint32_t x_lo = row * 128 + ((t ^ rg) << 4), x_hi = row * 128 + (((t + 4) ^ rg) << 4);
-  const uint64_t desc0 = wgmma_desc_sw32(base + kXSub);  // half-stage 0, plane P0
+  const uint64_t desc0 = wgmma_desc_sw64(base + 2 * kXSub);  // stage 0, plane P0, k16 step 0
   const int KT = p.k_tiles;
   const T* bias = static_cast<const T*>(p.bias);
   using TOut = std::conditional_t<kF32Out, float, T>;
@@ -211,14 +211,13 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
       w[2] = lds128(xs + x_hi);
       w[3] = lds128(xs + x_hi + 8 * 128);
     };
-    mbar_wait(full_bar + 8 * ((2 * it) % kStages), ((2 * it) / kStages) & 1);
-    load_x(v[0], base + ((2 * it) % kStages) * kStageBytes);
-    mbar_wait(full_bar + 8 * ((2 * it + 1) % kStages), ((2 * it + 1) / kStages) & 1);
-    load_x(v[1], base + ((2 * it + 1) % kStages) * kStageBytes);
+    mbar_wait(full_bar + 8 * (it % kStages), (it / kStages) & 1);
+    load_x(v[0], base + (it % kStages) * kStageBytes);
+    load_x(v[1], base + (it % kStages) * kStageBytes + kXSub);
     for (int kt = 0; kt < KT; ++kt, ++it) {
+      const int s = it % kStages;
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
-        const uint32_t h = 2 * it + ks, s = h % kStages;
         uint32_t(&f)[4][4] = fa[ks];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {  // fragment register r: row + 8 (r & 1), k hi (r >> 1)
@@ -227,7 +226,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
           else
             xform_tf32(v[ks][r], f[0][r], f[1][r], f[2][r], f[3][r]);
         }
-        const uint64_t dk = desc0 + ((s * kStageBytes) >> 4);
+        const uint64_t dk = desc0 + ((s * kStageBytes + ks * 32) >> 4);
         const uint64_t d0 = dk, dr = dk + (kPlane >> 4), di = dk + (2 * kPlane >> 4), d2 = dk + (3 * kPlane >> 4);
         wgmma_fence();
         wgmma_m64n64_rs<T, 1>(acc[2], f[1], dr);
@@ -238,19 +237,19 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
         wgmma_m64n64_rs<T, 1>(acc[3], f[2], dr);
         wgmma_commit();
         if (kt + 1 < KT) {  // v[ks] is in f now: load this step's sub-tile of the next k tile
-          const uint32_t next = (h + 2) % kStages;
-          mbar_wait(full_bar + 8 * next, ((h + 2) / kStages) & 1);
-          load_x(v[ks], base + next * kStageBytes);
+          const uint32_t next = (it + 1) % kStages;
+          if (ks == 0) mbar_wait(full_bar + 8 * next, ((it + 1) / kStages) & 1);
+          load_x(v[ks], base + next * kStageBytes + ks * kXSub);
         }
         wgmma_wait<1>();  // the previous step's group has retired: its A buffer (and stage) are free
 #pragma unroll
         for (int op = 0; op < 4; ++op) reg_fence(fa[ks ^ 1][op]);
-        // That previous group read the previous half-stage: release it.
-        if ((ks > 0 || kt > 0) && lane == 0) release((h - 1) % kStages);
+        // At ks == 0 that previous group was k tile it-1's last: release its stage.
+        if (ks == 0 && kt > 0 && lane == 0) release((it - 1) % kStages);
       }
     }
     wgmma_retire_all(acc, fa);
-    if (lane == 0) release((2 * it - 1) % kStages);  // the tile's last half-stage
+    if (lane == 0) release((it - 1) % kStages);  // the tile's last stage
 
     // ---- epilogue ----
 #pragma unroll
@@ -406,18 +405,17 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
         int m0, n0;
         tile_origin<kCl>(p, tile, rank, m0, n0);
         for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
-#pragma unroll 1
-          for (int hs = 0; hs < 2; ++hs) {
-            const uint32_t h = 2 * it + hs, s = h % kStages;
-            if (h >= kStages) mbar_wait(empty_bar + 8 * s, ((h / kStages) - 1) & 1);
-            const uint32_t st = base + s * kStageBytes, bar = full_bar + 8 * s;
-            mbar_arrive_expect_tx(bar, kStageBytes);  // with a cluster, the x sub-tile of rank hs
-            if constexpr (kCl == 1)
-              tma_load_2d(st, &tm_x, kt * kBK<T> * 4 + hs * 2 * kBK<T>, m0, bar);
-            else if (rank == hs)
-              tma_load_2d_multicast(st, &tm_x, kt * kBK<T> * 4 + hs * 2 * kBK<T>, m0, bar, 0x3);
-            tma_load_3d(st + kXSub, &tm_p, kt * kBK<T> + hs * (kBK<T> / 2), n0, 0, bar);
+          const int s = it % kStages;
+          if (it >= kStages) mbar_wait(empty_bar + 8 * s, ((it / kStages) - 1) & 1);
+          const uint32_t st = base + s * kStageBytes, bar = full_bar + 8 * s;
+          mbar_arrive_expect_tx(bar, kStageBytes);  // with a cluster, one x sub-tile from the partner
+          if constexpr (kCl == 1) {
+            tma_load_2d(st, &tm_x, kt * kBK<T> * 4, m0, bar);
+            tma_load_2d(st + kXSub, &tm_x, kt * kBK<T> * 4 + 2 * kBK<T>, m0, bar);
+          } else {
+            tma_load_2d_multicast(st + rank * kXSub, &tm_x, kt * kBK<T> * 4 + rank * 2 * kBK<T>, m0, bar, 0x3);
           }
+          tma_load_3d(st + 2 * kXSub, &tm_p, kt * kBK<T>, n0, 0, bar);
           if (writes_xf && kt % p.num_n == n0 / kBN) {  // this block writes k tile kt's planes: a copy
             if (wi > 0) mbar_wait(xempty, (wi - 1) & 1);  // of its x tile for the writers
             mbar_arrive_expect_tx(xfull, 2 * kXSub);
@@ -493,9 +491,9 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   const cuuint32_t x_box[2] = {128 / kE, kBM};
   const cuuint64_t p_dims[3] = {static_cast<cuuint64_t>(p.c), static_cast<cuuint64_t>(p.d), 4};
   const cuuint64_t p_strides[2] = {static_cast<cuuint64_t>(kE * p.c), static_cast<cuuint64_t>(kE * p.c * p.d)};
-  const cuuint32_t p_box[3] = {kBK<T> / 2, kBN, 4};
+  const cuuint32_t p_box[3] = {kBK<T>, kBN, 4};
   if (!encode(&tm_x, p.x, kE, 2, x_dims, x_strides, x_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
-      !encode(&tm_p, p.planes, kE, 3, p_dims, p_strides, p_box, CU_TENSOR_MAP_SWIZZLE_32B))
+      !encode(&tm_p, p.planes, kE, 3, p_dims, p_strides, p_box, CU_TENSOR_MAP_SWIZZLE_64B))
     return cudaSuccess;  // no encoder (old driver) or a shape it rejects: the portable kernel runs
 
   Sm90Params kp;

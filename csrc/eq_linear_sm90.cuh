@@ -35,12 +35,6 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw64(uint32_t smem_addr) {
          (uint64_t(2) << 62);
 }
 
-// The same with the 32-byte swizzle: rows of 16 k values (one k16 step), 8-row groups of 256 bytes.
-__device__ __forceinline__ uint64_t wgmma_desc_sw32(uint32_t smem_addr) {
-  return uint64_t((smem_addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(256 >> 4) << 32) |
-         (uint64_t(3) << 62);
-}
-
 __device__ __forceinline__ void wgmma_fence() {
 #ifdef FLASH_EQLINEAR_WGMMA
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
