@@ -117,33 +117,7 @@ struct Sm90Params {
   int c, d, k_tiles, num_m, num_n;
   int group_m;  // m tiles per group of the walk (see tile_origin)
   int num_ng;   // n groups: num_n / the cluster size, rounded up
-  const unsigned char* ptiles;  // probe: the planes pre-tiled, [n tile][k tile][4][64 rows][64 B], 64-byte swizzled
 };
-
-// Probe: one contiguous bulk copy into shared memory, completing on an mbarrier.
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-#ifdef FLASH_EQLINEAR_WGMMA
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
-               : "memory");
-#endif
-}
-
-// Probe: planes (4, d, c) -> the pre-tiled layout, one thread per 16-byte chunk (zeros past d and c).
-template <class T>
-__global__ void tile_planes_kernel(const T* planes, uint4* out, int d, int c, int nd, int nk) {
-  constexpr int kChunk = 16 / sizeof(T);  // elements per 16-byte chunk
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t total = int64_t(nd) * nk * 4 * 64 * 4;
-  if (i >= total) return;
-  const int qs = static_cast<int>(i & 3), r = static_cast<int>((i >> 2) & 63), pl = static_cast<int>((i >> 8) & 3);
-  const int64_t tk = (i >> 10) % nk, tn = (i >> 10) / nk;
-  const int q = qs ^ ((r >> 1) & 3);
-  const int64_t o = tn * 64 + r, ch = tk * (4 * kChunk) + q * kChunk;
-  uint4 v = make_uint4(0, 0, 0, 0);
-  if (o < d && ch < c) v = *reinterpret_cast<const uint4*>(planes + (int64_t(pl) * d + o) * c + ch);
-  out[i] = v;
-}
 constexpr int kXfWarps = 3;  // producer warps 1-3 write xf
 static_assert(32 * (1 + kXfWarps) == 128, "the producer warpgroup: the TMA warp and the xf writers");
 static_assert(eq_linear_fwd_sm90_sum_rows(1) == kXfWarps && eq_linear_fwd_sm90_sum_rows(kBM + 1) == 2 * kXfWarps,
@@ -441,7 +415,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
           } else {
             tma_load_2d_multicast(st + rank * kXSub, &tm_x, kt * kBK<T> * 4 + rank * 2 * kBK<T>, m0, bar, 0x3);
           }
-          bulk_load(st + 2 * kXSub, p.ptiles + (int64_t(n0 / kBN) * p.k_tiles + kt) * (4 * kPlane), 4 * kPlane, bar);
+          tma_load_3d(st + 2 * kXSub, &tm_p, kt * kBK<T>, n0, 0, bar);
           if (writes_xf && kt % p.num_n == n0 / kBN) {  // this block writes k tile kt's planes: a copy
             if (wi > 0) mbar_wait(xempty, (wi - 1) & 1);  // of its x tile for the writers
             mbar_arrive_expect_tx(xfull, 2 * kXSub);
@@ -539,36 +513,6 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   // (c = d = 2048: 5-6% faster than groups of 8, benchmarks/README.md v12). Larger planes are streamed
   // once per group: groups of 8 m tiles read them a quarter as often.
   kp.group_m = 4 * kE * p.c * p.d <= (int64_t{32} << 20) ? 2 : 8;
-  {  // probe: pre-tile the planes (cached by pointer and shape with FLASH_EQLINEAR_PROBE_CACHE=1)
-    const int nd = static_cast<int>(num_n) + 1, nk = kp.k_tiles;
-    const size_t bytes = size_t(nd) * nk * 4 * kPlane;
-    static void* buf[2] = {nullptr, nullptr};
-    static size_t cap[2] = {0, 0};
-    static const void* key_ptr[2] = {nullptr, nullptr};
-    static int64_t key_c[2] = {0, 0}, key_d[2] = {0, 0};
-    static int next = 0;
-    const bool cache = std::getenv("FLASH_EQLINEAR_PROBE_CACHE") != nullptr;
-    int slot = -1;
-    for (int i = 0; i < 2; ++i)
-      if (cache && key_ptr[i] == p.planes && key_c[i] == p.c && key_d[i] == p.d && cap[i] >= bytes) slot = i;
-    if (slot < 0) {
-      slot = next;
-      next ^= 1;
-      if (cap[slot] < bytes) {
-        if (buf[slot] != nullptr) cudaFree(buf[slot]);
-        e = cudaMalloc(&buf[slot], bytes);
-        if (e != cudaSuccess) return e;
-        cap[slot] = bytes;
-      }
-      const int64_t chunks = int64_t(bytes / 16);
-      tile_planes_kernel<T><<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream>>>(
-          static_cast<const T*>(p.planes), static_cast<uint4*>(buf[slot]), static_cast<int>(p.d), static_cast<int>(p.c), nd, nk);
-      key_ptr[slot] = p.planes;
-      key_c[slot] = p.c;
-      key_d[slot] = p.d;
-    }
-    kp.ptiles = static_cast<const unsigned char*>(buf[slot]);
-  }
   if (p.xf == nullptr && num_n > 1 && sm90_clusters(num_n, kE)) {  // clusters of two sharing x (the kernel, kCl)
     auto kernel = p.gelu    ? eq_linear_fwd_sm90_kernel<T, false, 2, true>
                   : f32_out ? eq_linear_fwd_sm90_kernel<T, false, 2, false, kE == 2>
