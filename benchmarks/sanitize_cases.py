@@ -79,14 +79,16 @@ for tile in ("big", "small", "small4") if "tiles" in DIRECTIONS else ():
 
 
 def check_weight_grad(dtype, M, c, d, what, group_dft=False):
-    """grad_planes and grad_bias of random x and grad_y against float64; with group_dft, also both group
-    DFTs (grad_bias from grad_y's column sums checked too)."""
-    x = torch.randn(M, 4 * c, device="cuda", dtype=dtype)
+    """grad_planes and grad_bias of random x and grad_y against float64, alone and in the whole backward
+    (whose weight-gradient launches also make grad_x's adjoint planes; grad_x checked too); with group_dft,
+    also both group DFTs (grad_bias from grad_y's column sums checked too)."""
+    x, planes, _ = layer(M, c, d, dtype, bias=False)
     gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
-    zeros = torch.zeros(4, d, c, dtype=torch.float64, device="cuda")
     gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy)
-    _, rp, rb = reference.fourier_eq_linear_backward(gy.double(), x.double(), zeros, (False, True, True))
-    checks = [(gp, rp), (gb, rb)]
+    gx, gp2, gb2 = torch.ops.flash_eqlinear.eq_linear_bwd(gy, x, planes, True, True, True, False)
+    _, rp, rb = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double(), (False, True, True))
+    rx = fp64_forward(gy, reference.adjoint_planes(planes), None)
+    checks = [(gp, rp), (gb, rb), (gp2, rp), (gb2, rb), (gx, rx)]
     if group_dft:
         torch.ops.flash_eqlinear.eq_group_dft(x, True, False)
         checks.append((torch.ops.flash_eqlinear.eq_group_dft(gy, False, True)[1], rb))

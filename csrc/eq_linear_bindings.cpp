@@ -519,8 +519,10 @@ std::tuple<at::Tensor, at::Tensor> eq_linear_fwd_xf(const at::Tensor& x, const a
 }
 
 // Weight gradients: x (M, 4c), grad_y (M, 4d) -> (grad_planes (4, d, c), grad_bias (d,)), in the
-// inputs' dtype (float32, float16 or bfloat16).
-std::tuple<at::Tensor, at::Tensor> eq_linear_bwd_weight(const at::Tensor& x, const at::Tensor& grad_y) {
+// inputs' dtype (float32, float16 or bfloat16). With adj_of (planes (4, d, c), contiguous, of that dtype), the
+// same launches also make its adjoint planes (4, c, d) for grad_x (eq_adjoint_planes) into *adj.
+std::tuple<at::Tensor, at::Tensor> weight_grads(const at::Tensor& x, const at::Tensor& grad_y,
+                                                const at::Tensor* adj_of = nullptr, at::Tensor* adj = nullptr) {
   TORCH_CHECK(x.is_cuda() && grad_y.is_cuda() && x.device() == grad_y.device(),
               "eq_linear_bwd_weight: x and grad_y must be CUDA tensors on one device, got ",
               x.device().str(), " and ", grad_y.device().str());
@@ -552,6 +554,11 @@ std::tuple<at::Tensor, at::Tensor> eq_linear_bwd_weight(const at::Tensor& x, con
   at::Tensor ws = at::empty({static_cast<int64_t>((ws_bytes + 3) / 4)}, x.options().dtype(at::kFloat));
   BwdWeightParams p{xc.data_ptr(), gc.data_ptr(), grad_planes.data_ptr(), grad_bias.data_ptr(),
                     ws_bytes ? ws.data_ptr() : nullptr, ws_bytes, M, c, d};
+  if (adj_of != nullptr && adj != nullptr) {
+    *adj = at::empty({4, c, d}, x.options());
+    p.planes = adj_of->data_ptr();
+    p.adj = adj->data_ptr();
+  }
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   cudaError_t err;
   switch (dtype) {
@@ -562,6 +569,10 @@ std::tuple<at::Tensor, at::Tensor> eq_linear_bwd_weight(const at::Tensor& x, con
   TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd_weight: kernel launch failed (M=", num(M), ", c=", num(c),
               ", d=", num(d), ", ", c10::toString(dtype), "): ", cudaGetErrorString(err));
   return {grad_planes, grad_bias};
+}
+
+std::tuple<at::Tensor, at::Tensor> eq_linear_bwd_weight(const at::Tensor& x, const at::Tensor& grad_y) {
+  return weight_grads(x, grad_y);
 }
 
 // Group DFT into Fourier planes: t (M, 4n) -> (4, M, n) in the x (input=True) or grad_y layout of
@@ -587,18 +598,20 @@ std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool inp
 // is left to the GEMM form (bwd_from_planes). With gf and the Hopper kernel, that kernel also writes
 // grad_y's planes [g0 | g2 | gR | gI] (M, 4d) into *gf and g0's partial column sums in FP32 into *g0_sums
 // (else both stay undefined). With f32 (fp16 / bf16 grad_y, not the GEMM form), grad_x is FP32 (fwd's
-// f32_out).
+// f32_out). adj_made: the adjoint planes if made already (weight_grads), else undefined.
 std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor& planes, bool gemm_ok, bool f32,
-                                         at::Tensor* gf = nullptr, at::Tensor* g0_sums = nullptr) {
+                                         at::Tensor* gf = nullptr, at::Tensor* g0_sums = nullptr,
+                                         const at::Tensor& adj_made = at::Tensor()) {
   const bool may_gemm = gemm_ok && gy.scalar_type() != at::kFloat && products_form() != ProductsForm::kFused;
   const int64_t M = gy.size(0), c = planes.size(2), d = planes.size(1);
   // (No Hopper kernel to try on other devices or with FLASH_EQLINEAR_SM90=0: no adjoint copy.)
   if (may_gemm && !hopper_takes_products(gy, c * d)) return {at::Tensor(), true};
   check_device_supported(gy);
-  // The adjoint planes (4, c, d): one kernel (transposed, PI negated).
-  const at::Tensor pc = planes.contiguous();
-  at::Tensor adj = at::empty({4, c, d}, planes.options());
-  if (adj.numel() > 0) {
+  // The adjoint planes (4, c, d): one kernel (transposed, PI negated), unless made already.
+  at::Tensor adj = adj_made;
+  if (!adj.defined()) {
+    const at::Tensor pc = planes.contiguous();
+    adj = at::empty({4, c, d}, planes.options());
     const cudaError_t err = eq_adjoint_planes(pc.data_ptr(), adj.data_ptr(), d, c,
                                               static_cast<int>(pc.element_size()), at::cuda::getCurrentCUDAStream());
     TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: adjoint planes failed: ", cudaGetErrorString(err));
@@ -709,16 +722,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& grad_y, con
   const at::Tensor gy = grad_y.contiguous();
   const auto none = [&] { return at::empty({0}, gy.options()); };
   at::Tensor gx = none(), gp = none(), gb = none();
+  const auto widened = [&](const at::Tensor& g) { return gx_f32 && needs_x ? g.to(at::kFloat) : g; };
+  if (!gemm && (needs_p || needs_b)) {
+    // The fused weight gradient first: its reduce kernel also makes grad_x's adjoint planes (one launch less).
+    at::Tensor adj;
+    const at::Tensor pc = planes.contiguous();
+    auto [p, b] = needs_x ? weight_grads(t, gy, &pc, &adj) : weight_grads(t, gy);
+    if (needs_x) gx = grad_x_fused(gy, planes, false, gx_f32, nullptr, nullptr, adj).first;
+    return {widened(gx), needs_p ? p : gp, needs_b ? b : gb};
+  }
   bool gx_gemm = false;
   at::Tensor gf, g0_sums;  // grad_y's planes, if grad_x's kernel writes them for the GEMM-form weight gradient
   if (needs_x)
     std::tie(gx, gx_gemm) = grad_x_fused(gy, planes, gemm, gx_f32, gemm && needs_p ? &gf : nullptr, &g0_sums);
-  const auto widened = [&](const at::Tensor& g) { return gx_f32 && needs_x ? g.to(at::kFloat) : g; };
   if (!needs_p && !needs_b && !gx_gemm) return {widened(gx), gp, gb};
-  if (!gemm) {
-    auto [p, b] = eq_linear_bwd_weight(t, gy);
-    return {widened(gx), needs_p ? p : gp, needs_b ? b : gb};
-  }
   if (!needs_p && !gx_gemm)
     return {widened(gx), gp, gy.sum(0, false, at::kFloat).view({d, 4}).sum(1).to(gy.scalar_type())};
   bwd_from_planes(gy, gf, g0_sums, t, kept, planes, gx_gemm, needs_p, needs_b, gx, gp, gb);

@@ -42,6 +42,10 @@ struct BwdWeightParams {
   int64_t M;              // rows (any M >= 0; M == 0 writes zeros)
   int64_t c;              // input channels per group copy (>= 1)
   int64_t d;              // output channels per group copy (>= 1)
+  // Optional, for the grad_x that follows: with both set, the launch also writes adj (4, c, d), the adjoint
+  // planes of planes (4, d, c) (eq_adjoint_planes), in spare blocks of the reduce kernel where one runs.
+  const void* planes = nullptr;
+  void* adj = nullptr;
 };
 
 // Workspace (bytes) that eq_linear_bwd_weight_<elem> needs for these sizes on CUDA device `device`

@@ -47,6 +47,7 @@
 #include "eq_fp32_tile.cuh"
 #include "eq_linear_bwd_weight.h"
 #include "eq_linear_bwd_weight_split.cuh"
+#include "eq_plane_blocks.h"
 #include "eq_p4_transform.cuh"
 
 namespace flash_eqlinear {
@@ -385,6 +386,8 @@ cudaError_t eq_linear_bwd_weight_fp32(const BwdWeightParams& p, cudaStream_t str
     cudaError_t err = cudaMemsetAsync(out, 0, size_t(4 * p.d * p.c) * sizeof(float), stream);
     if (err == cudaSuccess && out_bias != nullptr)
       err = cudaMemsetAsync(out_bias, 0, size_t(p.d) * sizeof(float), stream);
+    if (err == cudaSuccess && p.adj != nullptr && p.planes != nullptr)
+      err = eq_adjoint_planes(p.planes, p.adj, p.d, p.c, 4, stream);
     return err;
   }
   if (p.x == nullptr || p.gy == nullptr) return cudaErrorInvalidValue;
@@ -417,9 +420,13 @@ cudaError_t eq_linear_bwd_weight_fp32(const BwdWeightParams& p, cudaStream_t str
 
   err = plan.cfg == 0 ? dispatch_vec<BigCfg>(p, plan, dst, bias_dst, ld, direct, vec_dst, stream)
                       : dispatch_vec<SmallCfg>(p, plan, dst, bias_dst, ld, direct, vec_dst, stream);
+  const bool adj = p.planes != nullptr && p.adj != nullptr;
+  if (err == cudaSuccess && direct && adj) err = eq_adjoint_planes(p.planes, p.adj, p.d, p.c, 4, stream);
   if (err != cudaSuccess || direct) return err;
+  split::AdjointJob job;
+  if (adj) job = {p.planes, p.adj};
   return split::launch_reduce<float>(dst, ws_bias, out, out_bias, plan.S, c, d, ld, 0.5f, kInvSqrt2, sms,
-                                     stream);
+                                     stream, 0, job);
 }
 
 }  // namespace flash_eqlinear

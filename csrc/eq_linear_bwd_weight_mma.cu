@@ -58,6 +58,7 @@
 #include "eq_linear_bwd_weight_sm90.h"
 #include "eq_linear_bwd_weight_split.cuh"
 #include "eq_linear_mma_common.cuh"
+#include "eq_plane_blocks.h"
 
 namespace flash_eqlinear {
 namespace {
@@ -375,6 +376,8 @@ cudaError_t bwd_weight_mma(const BwdWeightParams& p, cudaStream_t stream) {
   if (p.M == 0) {  // a sum over no rows: +0 in every format
     cudaError_t err = cudaMemsetAsync(out, 0, size_t(4 * p.d * p.c) * sizeof(T), stream);
     if (err == cudaSuccess && out_bias != nullptr) err = cudaMemsetAsync(out_bias, 0, size_t(p.d) * sizeof(T), stream);
+    if (err == cudaSuccess && p.adj != nullptr && p.planes != nullptr)
+      err = eq_adjoint_planes(p.planes, p.adj, p.d, p.c, int(sizeof(T)), stream);
     return err;
   }
   const auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
@@ -414,8 +417,10 @@ cudaError_t bwd_weight_mma(const BwdWeightParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   // Halved fp16 transforms: the accumulators hold 1/4 of the sums.
   const float k = Elem<T>::kHalve ? 4.f : 1.f;
+  split::AdjointJob job;
+  if (p.planes != nullptr && p.adj != nullptr) job = {p.planes, p.adj};
   return split::launch_reduce<T>(kp.ws, ws_bias, out, out_bias, plan.S, kp.c, kp.d, kp.ldw, 0.5f * k,
-                                 0.70710678118654752f * k, info.sms, stream, int(plan.S * ch.bias_parts));
+                                 0.70710678118654752f * k, info.sms, stream, int(plan.S * ch.bias_parts), job);
 }
 
 }  // namespace

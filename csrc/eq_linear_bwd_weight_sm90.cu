@@ -67,6 +67,7 @@
 #include "eq_linear_fwd_sm90.h"
 #include "eq_linear_mma_common.cuh"
 #include "eq_linear_sm90.cuh"
+#include "eq_pdl.cuh"
 #include "eq_sm90_host.cuh"
 
 namespace flash_eqlinear {
@@ -345,6 +346,8 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
     mbar_fence_init();
   }
   __syncthreads();
+  // Launched with programmatic dependent launch (eq_pdl.cuh): no global memory is touched before this.
+  pdl_wait();
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
     setmaxnreg_dec<56>();
@@ -399,8 +402,8 @@ cudaError_t launch(const BwdWeightSm90Args& a, cudaStream_t stream) {
   if (e != cudaSuccess) return e;
   const int64_t grid_a = (na + kBD - 1) / kBD, grid_b = (nb + kBC - 1) / kBC;
   if (grid_a > 0x7fffffff || grid_b > 65535 || a.S < 1 || a.S > 65535) return cudaErrorInvalidConfiguration;
-  kernel<<<dim3(unsigned(grid_a), unsigned(grid_b), unsigned(a.S)), kThreads, kSmem, stream>>>(tm_a, tm_b, kp);
-  return cudaGetLastError();
+  return launch_maybe_pdl(dim3(unsigned(grid_a), unsigned(grid_b), unsigned(a.S)), dim3(kThreads), kSmem, stream,
+                          kernel, tm_a, tm_b, kp);
 }
 
 template <class T>

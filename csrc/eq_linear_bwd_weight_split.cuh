@@ -11,10 +11,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
+#include "eq_adjoint_tile.cuh"
 #include "eq_elem_convert.cuh"  // from_float
+#include "eq_pdl.cuh"
 
 namespace flash_eqlinear {
 namespace split {
@@ -104,26 +107,47 @@ inline size_t workspace_bytes(const Plan& plan, bool always_reduce, int64_t c, i
   return size_t(plan.S) * size_t(4 * d * round_up4(c) + bias_parts * d) * sizeof(float);
 }
 
+// The adjoint planes (eq_adjoint_tile.cuh) as extra blocks of the reduce launch, for the grad_x that follows
+// (one launch less per backward): planes (4, d, c) -> adj (4, c, d) in the output's element type. Unused
+// when adj == nullptr.
+struct AdjointJob {
+  const void* planes = nullptr;
+  void* adj = nullptr;
+};
+
 // Sums the S partial tiles in order z = 0 .. S-1, scales (planes 0 and 3 by s_real, 1 and 2 by
 // s_cplx), converts to TOut and writes grad_planes (4, d, c) and, when out_bias != nullptr,
-// grad_bias (d,) from the S_bias bias partials (in order). Block (kReduceX, kReduceY): x walks the
-// float4 groups of a partial row (ldw / 4), y the 4 * d rows (g * d + o); the blocks with
-// blockIdx.y == 0 also reduce grad_bias. vec_out: c % 4 == 0 and out aligned to 4 elements, so each
-// float4 group is one aligned vector store.
+// grad_bias (d,) from the S_bias bias partials (in order). Blocks 0 .. rgx * rgy - 1 reduce: block
+// (bx, by) = (b % rgx, b / rgx) of 256 threads as (kReduceX, kReduceY), x walking the float4 groups of a
+// partial row (ldw / 4), y the 4 * d rows (g * d + o); the blocks with by == 0 also reduce grad_bias.
+// The blocks after them make one adjoint tile each (job). vec_out: c % 4 == 0 and out aligned to 4
+// elements, so each float4 group is one aligned vector store. Launched with programmatic dependent
+// launch (eq_pdl.cuh): it waits for the kernel that wrote the partials before touching global memory.
 constexpr int kReduceX = 64, kReduceY = 4;
 
 template <class TOut>
 __global__ void __launch_bounds__(kReduceX * kReduceY)
 reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, TOut* __restrict__ out,
               TOut* __restrict__ out_bias, int S, int S_bias, int c, int d, int ldw, float s_real,
-              float s_cplx, bool vec_out) {
+              float s_cplx, bool vec_out, int rgx, int rgy, AdjointJob job) {
+  pdl_wait();
+  const int tid = threadIdx.x;
+  const int64_t b = blockIdx.x;
+  if (b >= int64_t(rgx) * rgy) {  // an adjoint tile
+    using U = std::conditional_t<sizeof(TOut) == 4, uint32_t, uint16_t>;
+    __shared__ U buf[32][33];
+    adjoint_planes_tile(static_cast<const U*>(job.planes), static_cast<U*>(job.adj), d, c, b - int64_t(rgx) * rgy,
+                        buf, tid);
+    return;
+  }
+  const int bx = int(b % rgx), by = int(b / rgx), tx = tid % kReduceX, ty = tid / kReduceX;
   const int n_row4 = ldw / 4;
   const int rows = 4 * d;
   const int64_t split_stride = 4 * int64_t(d) * ldw;  // floats between partials
-  for (int row = blockIdx.y * kReduceY + threadIdx.y; row < rows; row += gridDim.y * kReduceY) {
+  for (int row = by * kReduceY + ty; row < rows; row += rgy * kReduceY) {
     const int g = row / d;
     const float sc = (g == 0 || g == 3) ? s_real : s_cplx;
-    for (int c4 = blockIdx.x * kReduceX + threadIdx.x; c4 < n_row4; c4 += gridDim.x * kReduceX) {
+    for (int c4 = bx * kReduceX + tx; c4 < n_row4; c4 += rgx * kReduceX) {
       const int ci = 4 * c4;
       const float* p = ws + int64_t(row) * ldw + ci;
       float4 s = *reinterpret_cast<const float4*>(p);
@@ -148,9 +172,8 @@ reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, T
       }
     }
   }
-  if (out_bias != nullptr && blockIdx.y == 0) {
-    const int t = threadIdx.y * kReduceX + threadIdx.x;
-    for (int o = blockIdx.x * (kReduceX * kReduceY) + t; o < d; o += gridDim.x * kReduceX * kReduceY) {
+  if (out_bias != nullptr && by == 0) {
+    for (int o = bx * (kReduceX * kReduceY) + tid; o < d; o += rgx * kReduceX * kReduceY) {
       float s = ws_bias[o];
       for (int z = 1; z < S_bias; ++z) s += ws_bias[int64_t(z) * d + o];
       out_bias[o] = from_float<TOut>(s);
@@ -158,18 +181,20 @@ reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, T
   }
 }
 
-// Launches reduce_kernel with enough blocks to keep the memory system busy (a pure stream). S_bias: the
-// bias partials, S when 0.
+// Launches reduce_kernel with enough blocks to keep the memory system busy (a pure stream), and with job's
+// adjoint tiles when job.adj != nullptr. S_bias: the bias partials, S when 0.
 template <class TOut>
 cudaError_t launch_reduce(const float* ws, const float* ws_bias, TOut* out, TOut* out_bias, int S, int c,
                           int d, int ldw, float s_real, float s_cplx, int sms, cudaStream_t stream,
-                          int S_bias = 0) {
+                          int S_bias = 0, const AdjointJob& job = {}) {
   const int64_t rgx = imin(cdiv(ldw / 4, kReduceX), 32);
   const int64_t rgy = imin(imin(cdiv(4 * int64_t(d), kReduceY), imax(1, int64_t(sms) * 16 / rgx)), 65535);
+  const int64_t blocks = rgx * rgy + (job.adj != nullptr ? adjoint_planes_tiles(d, c) : 0);
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const bool vec_out = c % 4 == 0 && reinterpret_cast<uintptr_t>(out) % (4 * sizeof(TOut)) == 0;
-  reduce_kernel<TOut><<<dim3(unsigned(rgx), unsigned(rgy)), dim3(kReduceX, kReduceY), 0, stream>>>(
-      ws, ws_bias, out, out_bias, S, S_bias > 0 ? S_bias : S, c, d, ldw, s_real, s_cplx, vec_out);
-  return cudaGetLastError();
+  return launch_maybe_pdl(dim3(unsigned(blocks)), dim3(kReduceX * kReduceY), 0, stream, reduce_kernel<TOut>, ws,
+                          ws_bias, out, out_bias, S, S_bias > 0 ? S_bias : S, c, d, ldw, s_real, s_cplx, vec_out,
+                          int(rgx), int(rgy), job);
 }
 
 }  // namespace split

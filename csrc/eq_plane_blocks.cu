@@ -9,7 +9,9 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#include "eq_adjoint_tile.cuh"
 #include "eq_elem_convert.cuh"
+#include "eq_pdl.cuh"
 #include "eq_plane_blocks.h"
 
 namespace flash_eqlinear {
@@ -82,26 +84,12 @@ __global__ void __launch_bounds__(256) column_sums_kernel(const float* __restric
   }
 }
 
-// 32 x 32 tiles through shared memory (a padded row: no bank conflicts), so that both the reads of
-// planes and the writes of adj are row-contiguous; blockIdx.z is the plane.
 template <class U>
 __global__ void __launch_bounds__(256) adjoint_planes_kernel(const U* __restrict__ planes, U* __restrict__ adj,
                                                              int64_t d, int64_t c) {
-  constexpr U kSign = U(U(1) << (8 * sizeof(U) - 1));
-  __shared__ U tile[32][33];
-  const int64_t plane = blockIdx.z, i0 = int64_t(blockIdx.x) * 32, o0 = int64_t(blockIdx.y) * 32;
-  const U flip = plane == 2 ? kSign : U(0);
-  const U* src = planes + plane * d * c;
-  U* dst = adj + plane * d * c;
-  for (int r = threadIdx.y; r < 32; r += 8) {  // planes row o0 + r, columns i0 + threadIdx.x
-    const int64_t o = o0 + r, i = i0 + threadIdx.x;
-    if (o < d && i < c) tile[r][threadIdx.x] = U(src[o * c + i] ^ flip);
-  }
-  __syncthreads();
-  for (int r = threadIdx.y; r < 32; r += 8) {  // adj row i0 + r, columns o0 + threadIdx.x
-    const int64_t i = i0 + r, o = o0 + threadIdx.x;
-    if (i < c && o < d) dst[i * d + o] = tile[threadIdx.x][r];
-  }
+  pdl_wait();  // launched with programmatic dependent launch (eq_pdl.cuh)
+  __shared__ U buf[32][33];
+  adjoint_planes_tile(planes, adj, d, c, blockIdx.x, buf, threadIdx.x);
 }
 
 // Per-chunk column sums: a block covers kColumnSumRows rows and 128 columns (4 per 16-byte load); warp
@@ -166,16 +154,14 @@ cudaError_t block_column_sums(const float* t, int64_t rows, int64_t n, float* pa
 cudaError_t eq_adjoint_planes(const void* planes, void* adj, int64_t d, int64_t c, int elem_bytes,
                               cudaStream_t stream) {
   if (d < 1 || c < 1 || planes == nullptr || adj == nullptr) return cudaErrorInvalidValue;
-  const int64_t gx = (c + 31) / 32, gy = (d + 31) / 32;
-  if (gy > 65535) return cudaErrorInvalidConfiguration;
-  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), 4), block(32, 8);
+  const int64_t tiles = adjoint_planes_tiles(d, c);
+  if (tiles > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const unsigned grid = static_cast<unsigned>(tiles);
   if (elem_bytes == 4)
-    adjoint_planes_kernel<uint32_t><<<grid, block, 0, stream>>>(static_cast<const uint32_t*>(planes),
-                                                                static_cast<uint32_t*>(adj), d, c);
-  else
-    adjoint_planes_kernel<uint16_t><<<grid, block, 0, stream>>>(static_cast<const uint16_t*>(planes),
-                                                                static_cast<uint16_t*>(adj), d, c);
-  return cudaGetLastError();
+    return launch_maybe_pdl(dim3(grid), dim3(256), 0, stream, adjoint_planes_kernel<uint32_t>,
+                            static_cast<const uint32_t*>(planes), static_cast<uint32_t*>(adj), d, c);
+  return launch_maybe_pdl(dim3(grid), dim3(256), 0, stream, adjoint_planes_kernel<uint16_t>,
+                          static_cast<const uint16_t*>(planes), static_cast<uint16_t*>(adj), d, c);
 }
 
 cudaError_t eq_block_column_sums(const float* t, int64_t rows, int64_t n, float* partial, void* out, int elem_bytes,
