@@ -86,7 +86,8 @@ def check_weight_grad(dtype, M, c, d, what, group_dft=False):
     gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
     gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy)
     gx, gp2, gb2 = torch.ops.flash_eqlinear.eq_linear_bwd(gy, x, planes, True, True, True, False)
-    _, rp, rb = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double(), (False, True, True))
+    needs = (False, True, True)
+    _, rp, rb = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double(), needs)
     rx = fp64_forward(gy, reference.adjoint_planes(planes), None)
     checks = [(gp, rp), (gb, rb), (gp2, rp), (gb2, rb), (gx, rx)]
     if group_dft:
