@@ -144,15 +144,6 @@ class GroupLayerNorm(ParamCache, nn.Module):
         self._cache = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            # The affine map broadcast over the group axis after a LayerNorm without one: Inductor fuses it
-            # into the normalisation, and its backward sums the parameters' gradients over the rows and the
-            # group copies in one reduction. (Compiled bf16 block of EQ-ViT-B width, forward + backward on an
-            # H100: 1.01-1.06 ms against 1.09-1.14 ms with the expanded parameters.) Eager calls keep those:
-            # there the broadcast would be two more passes over x.
-            y = F.layer_norm(x, (self.num_features,), None, None, self.eps)
-            y = y.unflatten(-1, (-1, self.group_size))
-            return (y * self.weight[:, None] + self.bias[:, None]).flatten(-2)
         w, b = self._cached(None, self._expanded) if self._caches() else self._expanded()
         return F.layer_norm(x, (self.num_features,), w, b, self.eps)
 
