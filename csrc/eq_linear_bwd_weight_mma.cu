@@ -48,6 +48,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include <cuda_runtime.h>
@@ -339,6 +340,13 @@ bool use_bk32(const DeviceInfo& info) { return info.smem_optin >= WCfg32::kSmem;
 
 // The kernel (the Hopper one where it runs, else mma.sync) and its split plan; the workspace query and
 // the launch make the same choice.
+// A half-width last o tile's time per row against a full tile's (split_last_tile). FLASH_EQLINEAR_WGRAD_HALF_R
+// overrides it (read at each call; for tuning).
+double half_tile_time() {
+  const char* v = std::getenv("FLASH_EQLINEAR_WGRAD_HALF_R");
+  return v != nullptr ? std::atof(v) : 0.7;
+}
+
 struct Choice {
   split::Plan plan;
   bool sm90 = false;
@@ -354,6 +362,11 @@ Choice choose(int64_t M, int64_t c, int64_t d, const DeviceInfo& info, int dev) 
   // The plan counts tiles as (d / BD) x (c / BC): with swapped roles the A side is c
   ch.plan = ch.swap ? split::make_plan(M, d, c, info.sms, model, 1) : split::make_plan(M, c, d, info.sms, model, 1);
   if (ch.sm90) ch.bias_parts = eq_bwd_weight_sm90_bias_parts(c, ch.swap);
+  // The Hopper kernel's last o tile of 64 channels or fewer: fewer, longer row chunks there (split_last_tile).
+  const int64_t BD = kBwdWeightSm90Model.BD, BC = kBwdWeightSm90Model.BC;
+  if (ch.sm90 && !ch.swap && d % BD != 0 && d % BD <= BD / 2)
+    split::split_last_tile(ch.plan, M, kBwdWeightSm90Model.BK, (d + BD - 1) / BD, (c + BC - 1) / BC,
+                           int64_t(info.sms) * kBwdWeightSm90Model.blocks_per_sm, half_tile_time());
   return ch;
 }
 
@@ -408,7 +421,9 @@ cudaError_t bwd_weight_mma(const BwdWeightParams& p, cudaStream_t stream) {
 
   const bool fast = p.c % 2 == 0 && p.d % 2 == 0;
   if (ch.sm90) {
-    const BwdWeightSm90Args a{p.x, p.gy, kp.ws, kp.ws_bias, p.M, plan.chunk_rows, kp.c, kp.d, kp.ldw, plan.S, ch.swap};
+    const BwdWeightSm90Args a{p.x,           p.gy,     kp.ws,          kp.ws_bias, p.M,
+                              plan.chunk_rows, kp.c,    kp.d,           kp.ldw,     plan.S,
+                              ch.swap,         plan.S_last, plan.chunk_rows_last};
     err = std::is_same_v<T, __half> ? eq_bwd_weight_sm90_fp16(a, stream) : eq_bwd_weight_sm90_bf16(a, stream);
   } else if (use_bk32(info))
     err = fast ? launch<T, WCfg32, true>(kp, plan, stream) : launch<T, WCfg32, false>(kp, plan, stream);
@@ -419,8 +434,13 @@ cudaError_t bwd_weight_mma(const BwdWeightParams& p, cudaStream_t stream) {
   const float k = Elem<T>::kHalve ? 4.f : 1.f;
   split::AdjointJob job;
   if (p.planes != nullptr && p.adj != nullptr) job = {p.planes, p.adj};
+  split::LastTile last;
+  if (plan.S_last > 0)
+    last = {int((p.d - 1) / kBwdWeightSm90Model.BD * kBwdWeightSm90Model.BD), plan.S_last,
+            int(plan.S_last * ch.bias_parts)};
   return split::launch_reduce<T>(kp.ws, ws_bias, out, out_bias, plan.S, kp.c, kp.d, kp.ldw, 0.5f * k,
-                                 0.70710678118654752f * k, info.sms, stream, int(plan.S * ch.bias_parts), job);
+                                 0.70710678118654752f * k, info.sms, stream, int(plan.S * ch.bias_parts), job,
+                                 last);
 }
 
 }  // namespace

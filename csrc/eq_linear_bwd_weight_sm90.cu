@@ -9,6 +9,9 @@
 //   P0 += g0 f0   PR += gR fR + gI fI   PI += gI fR - gR fI (A scale -1)   P2 += g2 f2
 // A (64 o x 16 m per warpgroup) = the transform of grad_y, built in registers from its raw values;
 // B (16 m x 64 ci) = the transform of x, made in shared memory by producer warps.
+// Grid: one block per (A tile, B tile, row chunk), 1-D (tile_of). A last A tile of 64 channels or fewer (d %
+// 128 in 1 .. 64, e.g. ViT-B's d = 192, 576: half the MACs of a full tile) may take fewer, longer row chunks
+// than the others (BwdWeightSm90Args::S_last), so that all blocks finish together in one wave of the GPU.
 //
 // Warp roles (3 warpgroups, one block per SM) and shared memory (224 KB), three rings with their own
 // barriers, so that each buffer is held only while it is needed:
@@ -47,7 +50,7 @@
 // ahead and the A registers are double buffered, as in the forward kernel (eq_linear_fwd_sm90.cu).
 //
 // grad_bias: the consumers sum the raw grad_y values of their fragment positions in FP32 over the k
-// tiles kt with kt % (c tiles) == blockIdx.y, so the chunk's bias work is spread evenly over its
+// tiles kt with kt % (c tiles) == the block's c tile, so the chunk's bias work is spread evenly over its
 // blocks; each writes one bias partial (zero where it had no such tile), reduced in a fixed order.
 //
 // fp16 range: both transforms are halved (as in the mma.sync kernel); the reduce kernel scales.
@@ -97,21 +100,50 @@ struct Bars {
 struct KParams {
   float* ws;
   float* ws_bias;
-  int64_t M, chunk_rows;
+  int64_t M, chunk_rows, chunk_rows_last;
   int c, d, ldw;
-  int na;  // channels of the A operand (grad_y's d; with kSwap x's c)
+  int na;        // channels of the A operand (grad_y's d; with kSwap x's c)
+  int ga, gb;    // A tiles, B tiles
+  int S, S_last; // row chunks of the A tiles but the last, of the last (BwdWeightSm90Args)
 };
 
+// A block's tile and rows. The grid is 1-D: (ga - 1) * gb * S blocks for the A tiles but the last (A tile
+// fastest, then B tile, then chunk), then gb * S_last for the last A tile.
+struct Tile {
+  int a, b, z;
+  int64_t mb, me;  // rows [mb, me)
+};
+
+[[maybe_unused]] __device__ __forceinline__ Tile tile_of(const KParams& p) {  // (unused in the sm_80 pass)
+  const int L = static_cast<int>(blockIdx.x), full = (p.ga - 1) * p.gb * p.S;
+  Tile t;
+  int64_t chunk = p.chunk_rows;
+  if (L < full) {
+    t.a = L % (p.ga - 1);
+    t.b = (L / (p.ga - 1)) % p.gb;
+    t.z = L / ((p.ga - 1) * p.gb);
+  } else {
+    t.a = p.ga - 1;
+    t.b = (L - full) % p.gb;
+    t.z = (L - full) / p.gb;
+    chunk = p.chunk_rows_last;
+  }
+  t.mb = int64_t(t.z) * chunk;
+  t.me = std::min(p.M, t.mb + chunk);
+  return t;
+}
+
 // Producer warps 1-3: the B operand's four planes of every k tile (header). With kSwap (B = grad_y) they
-// also sum grad_bias over the k tiles kt with kt % (A tiles) == blockIdx.x (the blocks of a chunk that
+// also sum grad_bias over the k tiles kt with kt % (A tiles) == the block's A tile (the blocks of a chunk that
 // share these rows split the work), in FP32, and write the block's partial.
 template <class T, bool kSwap>
-__device__ __forceinline__ void transform_x(const KParams& p, uint32_t base, const Bars& bar, int KT) {
+__device__ __forceinline__ void transform_x(const KParams& p, const Tile& tile, uint32_t base, const Bars& bar,
+                                            int KT) {
   const int wt = (threadIdx.x >> 5) - 1, lane = threadIdx.x & 31;
   const bool bias = kSwap && p.ws_bias != nullptr;
   float bsum[2] = {0.f, 0.f};  // channels lane, 32 + lane of the B tile
   for (int kt = 0; kt < KT; ++kt) {
-    const bool bias_tile = bias && kt % static_cast<int>(gridDim.x) == static_cast<int>(blockIdx.x);
+    const bool bias_tile = bias && kt % p.ga == tile.a;
     const int s = kt % kXStages, buf = kt % kPlaneBufs;
     mbar_wait(bar.x_full + 8 * s, (kt / kXStages) & 1);
     if (kt >= kPlaneBufs) mbar_wait(bar.pfree + 8 * buf, ((kt / kPlaneBufs) - 1) & 1);  // its last tile was read
@@ -161,8 +193,8 @@ __device__ __forceinline__ void transform_x(const KParams& p, uint32_t base, con
     sts32(red + 4 * (wt * kBC + 32 + lane), __float_as_uint(bsum[1]));
     named_barrier_sync(1, 32 * kXformWarps);
     if (wt == 0) {
-      const int o0 = static_cast<int>(blockIdx.y) * kBC;
-      float* const wb = p.ws_bias + (int64_t(blockIdx.z) * gridDim.x + blockIdx.x) * p.d;
+      const int o0 = tile.b * kBC;
+      float* const wb = p.ws_bias + (int64_t(tile.z) * p.ga + tile.a) * p.d;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int ch = 32 * h + lane;
@@ -176,7 +208,7 @@ __device__ __forceinline__ void transform_x(const KParams& p, uint32_t base, con
 
 // The consumer warpgroups (warps 4-11).
 template <class T, bool kSwap>
-__device__ __forceinline__ void consume(const KParams& p, uint32_t base, const Bars& bar, int KT) {
+__device__ __forceinline__ void consume(const KParams& p, const Tile& tile, uint32_t base, const Bars& bar, int KT) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, t = lane & 3;
   const int cw = warp - 4;  // consumer warp: o rows 16 cw .. 16 cw + 15 of the tile = gy box cw
@@ -185,7 +217,7 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
   const uint32_t a_hi = cw * kGyBox + (2 * t + 1) * 128 + ((gid ^ (2 * t + 1)) << 4);
   const uint64_t desc0 = wgmma_desc_sw64(base + kPlanesOff);  // plane buffer 0, plane f0, k16 step 0
   const bool bias = !kSwap && p.ws_bias != nullptr;  // with kSwap the transform warps sum grad_bias
-  const int num_c = static_cast<int>(gridDim.y), my_c = static_cast<int>(blockIdx.y);
+  const int num_c = p.gb, my_c = tile.b;
 
   float acc[4][8][4];  // sets: 0 = P0, 1 = PR, 2 = PI, 3 = P2; [n8 block][C fragment]
   zero_acc(acc);
@@ -257,9 +289,9 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
   // ---- FP32 partials: one float2 (ci, ci + 1) per (set, o); ldw % 4 == 0 and ci even, so ci < c
   // implies ci + 1 < ldw.
   const int c = p.c, d = p.d;
-  const int r_lo = static_cast<int>(blockIdx.x) * kBD + 16 * cw + 2 * gid;  // channel of fragment row gid; gid + 8: r_lo + 1
+  const int r_lo = tile.a * kBD + 16 * cw + 2 * gid;  // channel of fragment row gid; gid + 8: r_lo + 1
   const int c0 = my_c * kBC;
-  float* const ws = p.ws + int64_t(blockIdx.z) * 4 * d * p.ldw;
+  float* const ws = p.ws + int64_t(tile.z) * 4 * d * p.ldw;
   if constexpr (kSwap) {  // rows: input channels r_lo, r_lo + 1 (one float2); columns: o, o + 1
     if (r_lo >= c) return;  // c even: r_lo + 1 < c too
 #pragma unroll
@@ -299,7 +331,7 @@ __device__ __forceinline__ void consume(const KParams& p, uint32_t base, const B
       bsum[h] += __shfl_xor_sync(0xffffffffu, bsum[h], 1);
       bsum[h] += __shfl_xor_sync(0xffffffffu, bsum[h], 2);
     }
-    float* const wb = p.ws_bias + (int64_t(blockIdx.z) * num_c + my_c) * d;
+    float* const wb = p.ws_bias + (int64_t(tile.z) * num_c + my_c) * d;
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       if (t == 0 && o_lo + h < d) wb[o_lo + h] = bsum[h];
@@ -321,13 +353,13 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
   bar.x_empty = bar.x_full + 8 * kXStages;
   bar.ready = bar.x_empty + 8 * kXStages;
   bar.pfree = bar.ready + 8 * kPlaneBufs;
-  const int64_t mb = int64_t(blockIdx.z) * p.chunk_rows;  // this block's rows: [mb, me)
-  const int64_t me = std::min(p.M, mb + p.chunk_rows);
+  const Tile tile = tile_of(p);
+  const int64_t mb = tile.mb, me = tile.me;                    // this block's rows
   const int KT = static_cast<int>((me - mb + kBK - 1) / kBK);  // >= 1: the plan makes no empty chunk
   // A last o tile of 64 channels or fewer (d % 128 in 1 .. 64: ViT-B's d = 192, 576) leaves consumer
   // warpgroup 2 (o rows 64-127) nothing: it idles, its grad_y boxes are not loaded, and the stages
   // wait for warpgroup 1's four warps only.
-  const bool upper_idle = static_cast<int>(blockIdx.x) * kBD + 64 >= p.na;
+  const bool upper_idle = tile.a * kBD + 64 >= p.na;
   const int consumer_warps = upper_idle ? 4 : 8;
 
   if (threadIdx.x == 0) {
@@ -354,7 +386,7 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
     if (threadIdx.x == 0) {
       tma_prefetch_desc(&tm_gy);
       tma_prefetch_desc(&tm_x);
-      const int o0 = static_cast<int>(blockIdx.x) * kBD, c0 = static_cast<int>(blockIdx.y) * kBC;
+      const int o0 = tile.a * kBD, c0 = tile.b * kBC;
       for (int kt = 0; kt < KT; ++kt) {
         const int row = static_cast<int>(mb) + kt * kBK;  // < 2^31: the host bounds M
         const int sg = kt % kGyStages, sx = kt % kXStages;
@@ -367,11 +399,11 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
         tma_load_2d(base + kXOff + sx * kXBytes, &tm_x, c0 * 4, row, bar.x_full + 8 * sx);
       }
     } else if (threadIdx.x >= 32) {
-      transform_x<T, kSwap>(p, base, bar, KT);
+      transform_x<T, kSwap>(p, tile, base, bar, KT);
     }
   } else {
     setmaxnreg_inc<224>();
-    if (threadIdx.x < 256 || !upper_idle) consume<T, kSwap>(p, base, bar, KT);
+    if (threadIdx.x < 256 || !upper_idle) consume<T, kSwap>(p, tile, base, bar, KT);
   }
 #else
   (void)tm_gy, (void)tm_x, (void)p;
@@ -396,14 +428,18 @@ cudaError_t launch(const BwdWeightSm90Args& a, cudaStream_t stream) {
   if (!encode(&tm_a, pa, kE, 2, a_dims, a_strides, a_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
       !encode(&tm_b, pb, kE, 2, b_dims, b_strides, b_box, CU_TENSOR_MAP_SWIZZLE_NONE))
     return cudaErrorInvalidValue;
-  KParams kp{a.ws, a.ws_bias, a.M, a.chunk_rows, a.c, a.d, a.ldw, static_cast<int>(na)};
   auto kernel = eq_bwd_weight_sm90_kernel<T, kSwap>;
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (e != cudaSuccess) return e;
   const int64_t grid_a = (na + kBD - 1) / kBD, grid_b = (nb + kBC - 1) / kBC;
-  if (grid_a > 0x7fffffff || grid_b > 65535 || a.S < 1 || a.S > 65535) return cudaErrorInvalidConfiguration;
-  return launch_maybe_pdl(dim3(unsigned(grid_a), unsigned(grid_b), unsigned(a.S)), dim3(kThreads), kSmem, stream,
-                          kernel, tm_a, tm_b, kp);
+  const int S_last = a.S_last > 0 ? a.S_last : a.S;
+  const int64_t chunk_last = a.S_last > 0 ? a.chunk_rows_last : a.chunk_rows;
+  const int64_t blocks = ((grid_a - 1) * a.S + S_last) * grid_b;
+  if (a.S < 1 || S_last < 1 || S_last > a.S || blocks > 0x7fffffff || (kSwap && S_last != a.S))
+    return cudaErrorInvalidConfiguration;
+  KParams kp{a.ws, a.ws_bias, a.M, a.chunk_rows, chunk_last, a.c, a.d, a.ldw, static_cast<int>(na),
+             static_cast<int>(grid_a), static_cast<int>(grid_b), a.S, S_last};
+  return launch_maybe_pdl(dim3(unsigned(blocks)), dim3(kThreads), kSmem, stream, kernel, tm_a, tm_b, kp);
 }
 
 template <class T>

@@ -20,6 +20,10 @@ struct BwdWeightSm90Args {
   int64_t chunk_rows;  // rows per split: a multiple of kBwdWeightSm90Model.BK
   int c, d, ldw, S;
   bool swap;           // x as the A operand (eq_bwd_weight_sm90_swap)
+  // The last A tile's split (split::Plan::S_last; 0: S chunks of chunk_rows like the others): 1 .. S chunks of
+  // chunk_rows_last rows. Not with swap.
+  int S_last = 0;
+  int64_t chunk_rows_last = 0;
 };
 
 // The tile as the split plan models it: 128 output x 64 input channels, 32 rows per k tile, one block

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include <cuda_runtime.h>
@@ -42,6 +43,8 @@ struct Plan {
   int cfg = 0;             // index into the models passed to make_plan
   int S = 0;               // row chunks (0: no configuration fits the grid limits)
   int64_t chunk_rows = 0;  // a multiple of the model's BK; every chunk non-empty
+  int S_last = 0;          // split_last_tile: the last A tile's chunks (1 .. S), 0 when it has S like the others
+  int64_t chunk_rows_last = 0;
 };
 
 constexpr int64_t kMinChunkRows = 256;  // a chunk amortises its prologue / partial store
@@ -100,6 +103,33 @@ inline Plan make_plan(int64_t M, int64_t c, int64_t d, int sms, const TileModel*
   return best;
 }
 
+// For a last A tile that takes about r of a full tile's time per row (the Hopper kernel's last o tile of
+// 64 channels or fewer, e.g. ViT-B's d = 576: four of its eight consumer warps idle), in a plan that fits in
+// one wave of `slots` blocks: the other A tiles take more row chunks and the last one fewer (S_last <= S), so
+// that the blocks finish together in one wave, where the estimated time (the longest block's k tiles, the
+// last tile's weighted by r) is at least 2% shorter than the uniform plan's. tiles_a: A tiles (>= 2),
+// tiles_b: B tiles.
+inline void split_last_tile(Plan& plan, int64_t M, int BK, int64_t tiles_a, int64_t tiles_b, int64_t slots,
+                            double r) {
+  if (tiles_a < 2 || plan.S < 1 || tiles_a * tiles_b * plan.S > slots) return;
+  const int64_t KT = cdiv(M, BK), s_max = imin(imax(1, M / kMinChunkRows), kMaxSplit);
+  double best = double(cdiv(KT, plan.S));
+  for (int64_t s = plan.S; s <= s_max; ++s) {
+    const int64_t kt_full = cdiv(KT, s), S_full = cdiv(KT, kt_full);
+    const int64_t left = slots - (tiles_a - 1) * tiles_b * S_full;
+    if (left < tiles_b) break;
+    const int64_t kt_last = cdiv(KT, imin(left / tiles_b, S_full)), S_last = cdiv(KT, kt_last);
+    const double t = kt_full > r * kt_last ? double(kt_full) : r * kt_last;
+    if (t < 0.98 * best) {
+      best = t;
+      plan.S = int(S_full);
+      plan.chunk_rows = kt_full * BK;
+      plan.S_last = int(S_last);
+      plan.chunk_rows_last = kt_last * BK;
+    }
+  }
+}
+
 // Workspace (bytes): S partial tiles [4][d][ldw] then S * bias_parts bias partials [d], FP32 (a kernel
 // may split each chunk's bias sum over bias_parts blocks). 0 when unused.
 inline size_t workspace_bytes(const Plan& plan, bool always_reduce, int64_t c, int64_t d, int64_t bias_parts = 1) {
@@ -117,7 +147,8 @@ struct AdjointJob {
 
 // Sums the S partial tiles in order z = 0 .. S-1, scales (planes 0 and 3 by s_real, 1 and 2 by
 // s_cplx), converts to TOut and writes grad_planes (4, d, c) and, when out_bias != nullptr,
-// grad_bias (d,) from the S_bias bias partials (in order). Blocks 0 .. rgx * rgy - 1 reduce: block
+// grad_bias (d,) from the S_bias bias partials (in order); rows and biases of o >= o_last take the first
+// S_last partials and S_bias_last bias partials only (Plan::S_last). Blocks 0 .. rgx * rgy - 1 reduce: block
 // (bx, by) = (b % rgx, b / rgx) of 256 threads as (kReduceX, kReduceY), x walking the float4 groups of a
 // partial row (ldw / 4), y the 4 * d rows (g * d + o); the blocks with by == 0 also reduce grad_bias.
 // The blocks after them make one adjoint tile each (job). vec_out: c % 4 == 0 and out aligned to 4
@@ -129,7 +160,8 @@ template <class TOut>
 __global__ void __launch_bounds__(kReduceX * kReduceY)
 reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, TOut* __restrict__ out,
               TOut* __restrict__ out_bias, int S, int S_bias, int c, int d, int ldw, float s_real,
-              float s_cplx, bool vec_out, int rgx, int rgy, AdjointJob job) {
+              float s_cplx, bool vec_out, int rgx, int rgy, int o_last, int S_last, int S_bias_last,
+              AdjointJob job) {
   pdl_wait();
   const int tid = threadIdx.x;
   const int64_t b = blockIdx.x;
@@ -147,11 +179,13 @@ reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, T
   for (int row = by * kReduceY + ty; row < rows; row += rgy * kReduceY) {
     const int g = row / d;
     const float sc = (g == 0 || g == 3) ? s_real : s_cplx;
+    const int Sr = row - g * d < o_last ? S : S_last;
     for (int c4 = bx * kReduceX + tx; c4 < n_row4; c4 += rgx * kReduceX) {
       const int ci = 4 * c4;
       const float* p = ws + int64_t(row) * ldw + ci;
       float4 s = *reinterpret_cast<const float4*>(p);
-      for (int z = 1; z < S; ++z) {
+#pragma unroll 4  // loads in flight (ptxas's own unrolling spilled registers here)
+      for (int z = 1; z < Sr; ++z) {
         const float4 v = *reinterpret_cast<const float4*>(p + z * split_stride);
         s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
       }
@@ -160,9 +194,14 @@ reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, T
       TOut* const q = out + int64_t(row) * c + ci;
       if (vec_out) {  // ldw == c and ci + 3 < c
         if constexpr (sizeof(TOut) == 4) {
-          *reinterpret_cast<float4*>(q) = *reinterpret_cast<const float4*>(r);
-        } else {
-          *reinterpret_cast<uint2*>(q) = *reinterpret_cast<const uint2*>(r);
+          *reinterpret_cast<float4*>(q) = make_float4(r[0], r[1], r[2], r[3]);
+        } else {  // (packed by value: a reinterpreted array would live in local memory)
+          const auto bits = [](TOut v) {
+            uint16_t b;
+            memcpy(&b, &v, 2);
+            return uint32_t(b);
+          };
+          *reinterpret_cast<uint2*>(q) = make_uint2(bits(r[0]) | bits(r[1]) << 16, bits(r[2]) | bits(r[3]) << 16);
         }
       } else {  // ci < ldw and ldw < c + 4: ci < c
         q[0] = r[0];
@@ -175,18 +214,24 @@ reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, T
   if (out_bias != nullptr && by == 0) {
     for (int o = bx * (kReduceX * kReduceY) + tid; o < d; o += rgx * kReduceX * kReduceY) {
       float s = ws_bias[o];
-      for (int z = 1; z < S_bias; ++z) s += ws_bias[int64_t(z) * d + o];
+      const int Sb = o >= o_last ? S_bias_last : S_bias;
+      for (int z = 1; z < Sb; ++z) s += ws_bias[int64_t(z) * d + o];
       out_bias[o] = from_float<TOut>(s);
     }
   }
 }
 
 // Launches reduce_kernel with enough blocks to keep the memory system busy (a pure stream), and with job's
-// adjoint tiles when job.adj != nullptr. S_bias: the bias partials, S when 0.
+// adjoint tiles when job.adj != nullptr. S_bias: the bias partials, S when 0. last: o_last, S_last and
+// S_bias_last, or none (o_last = d).
+struct LastTile {
+  int o_last = 0x7fffffff, S = 0, S_bias = 0;
+};
+
 template <class TOut>
 cudaError_t launch_reduce(const float* ws, const float* ws_bias, TOut* out, TOut* out_bias, int S, int c,
                           int d, int ldw, float s_real, float s_cplx, int sms, cudaStream_t stream,
-                          int S_bias = 0, const AdjointJob& job = {}) {
+                          int S_bias = 0, const AdjointJob& job = {}, const LastTile& last = {}) {
   const int64_t rgx = imin(cdiv(ldw / 4, kReduceX), 32);
   const int64_t rgy = imin(imin(cdiv(4 * int64_t(d), kReduceY), imax(1, int64_t(sms) * 16 / rgx)), 65535);
   const int64_t blocks = rgx * rgy + (job.adj != nullptr ? adjoint_planes_tiles(d, c) : 0);
@@ -194,7 +239,7 @@ cudaError_t launch_reduce(const float* ws, const float* ws_bias, TOut* out, TOut
   const bool vec_out = c % 4 == 0 && reinterpret_cast<uintptr_t>(out) % (4 * sizeof(TOut)) == 0;
   return launch_maybe_pdl(dim3(unsigned(blocks)), dim3(kReduceX * kReduceY), 0, stream, reduce_kernel<TOut>, ws,
                           ws_bias, out, out_bias, S, S_bias > 0 ? S_bias : S, c, d, ldw, s_real, s_cplx, vec_out,
-                          int(rgx), int(rgy), job);
+                          int(rgx), int(rgy), last.o_last, last.S, last.S_bias, job);
 }
 
 }  // namespace split

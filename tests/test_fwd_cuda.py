@@ -1051,6 +1051,23 @@ def test_fused_weight_grad_each_path(M, c, d, dtype, path, monkeypatch):
     assert any("eq_linear_bwd_weight_mma_kernel" in n for n in names) != hopper, names
 
 
+@pytest.mark.parametrize("r", ["0.5", "1"])
+@pytest.mark.parametrize("M, c, d", [(25216, 192, 576), (25216, 192, 192), (20000, 64, 258)])
+def test_weight_grad_last_tile_split(M, c, d, r, monkeypatch):
+    """Where the Hopper kernel's last o tile is at most 64 channels wide it may take fewer, longer row chunks
+    than the other tiles (split_last_tile; FLASH_EQLINEAR_WGRAD_HALF_R is the time ratio it assumes: at 0.5
+    the H100 plans of these shapes split it, at 1 they stay uniform): correct and deterministic either way,
+    in the weight-gradient op and in the whole backward (whose reduce kernel also makes grad_x's planes)."""
+    monkeypatch.setenv("FLASH_EQLINEAR_WGRAD_HALF_R", r)
+    check_fused_weight_grad(M, c, d, torch.bfloat16)
+    x, planes, _ = make(M, c, d, torch.bfloat16, seed=5)
+    gy = torch.randn(M, 4 * d, device=DEV, dtype=torch.bfloat16)
+    gx, gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd(gy, x, planes, True, True, True, False)
+    want = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy)
+    assert torch.equal(gp, want[0]) and torch.equal(gb, want[1])
+    assert torch.equal(gx, torch.ops.flash_eqlinear.eq_linear_fwd(gy, reference.adjoint_planes(planes), None))
+
+
 ROLE_CASES = [(768, 192, True), (128, 64, True), (192, 576, False), (192, 768, False), (256, 256, False)]
 
 
