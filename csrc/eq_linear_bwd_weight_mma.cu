@@ -341,10 +341,12 @@ bool use_bk32(const DeviceInfo& info) { return info.smem_optin >= WCfg32::kSmem;
 // The kernel (the Hopper one where it runs, else mma.sync) and its split plan; the workspace query and
 // the launch make the same choice.
 // A half-width last o tile's time per row against a full tile's (split_last_tile). FLASH_EQLINEAR_WGRAD_HALF_R
-// overrides it (read at each call; for tuning).
+// overrides it (read at each call; for tuning). H100, bf16, us, uniform -> split (benchmarks/README.md, v25):
+// ViT-B qkv 129.4 -> 119.4 (9 / 8 chunks at 0.5 .. 0.85); proj 57.9 -> 59.7 at 0.7 (26 / 18), 56.8 at 0.85
+// (24 / 20), 66.4 at 0.5: the half tile takes more than 0.7 of a full one's time there.
 double half_tile_time() {
   const char* v = std::getenv("FLASH_EQLINEAR_WGRAD_HALF_R");
-  return v != nullptr ? std::atof(v) : 0.7;
+  return v != nullptr ? std::atof(v) : 0.85;
 }
 
 struct Choice {
