@@ -338,8 +338,6 @@ cudaError_t device_info(int device, DeviceInfo& info) {
 
 bool use_bk32(const DeviceInfo& info) { return info.smem_optin >= WCfg32::kSmem; }
 
-// The kernel (the Hopper one where it runs, else mma.sync) and its split plan; the workspace query and
-// the launch make the same choice.
 // A half-width last o tile's time per row against a full tile's (split_last_tile). FLASH_EQLINEAR_WGRAD_HALF_R
 // overrides it (read at each call; for tuning). H100, bf16, us, uniform -> split (benchmarks/README.md, v25):
 // ViT-B qkv 129.4 -> 119.4 (9 / 8 chunks at 0.5 .. 0.85); proj 57.9 -> 59.7 at 0.7 (26 / 18), 56.8 at 0.85
@@ -349,6 +347,8 @@ double half_tile_time() {
   return v != nullptr ? std::atof(v) : 0.85;
 }
 
+// The kernel (the Hopper one where it runs, else mma.sync) and its split plan; the workspace query and
+// the launch make the same choice.
 struct Choice {
   split::Plan plan;
   bool sm90 = false;
@@ -423,9 +423,8 @@ cudaError_t bwd_weight_mma(const BwdWeightParams& p, cudaStream_t stream) {
 
   const bool fast = p.c % 2 == 0 && p.d % 2 == 0;
   if (ch.sm90) {
-    const BwdWeightSm90Args a{p.x,           p.gy,     kp.ws,          kp.ws_bias, p.M,
-                              plan.chunk_rows, kp.c,    kp.d,           kp.ldw,     plan.S,
-                              ch.swap,         plan.S_last, plan.chunk_rows_last};
+    const BwdWeightSm90Args a{p.x, p.gy, kp.ws, kp.ws_bias, p.M, plan.chunk_rows, kp.c, kp.d, kp.ldw, plan.S,
+                              ch.swap, plan.S_last, plan.chunk_rows_last};
     err = std::is_same_v<T, __half> ? eq_bwd_weight_sm90_fp16(a, stream) : eq_bwd_weight_sm90_bf16(a, stream);
   } else if (use_bk32(info))
     err = fast ? launch<T, WCfg32, true>(kp, plan, stream) : launch<T, WCfg32, false>(kp, plan, stream);

@@ -11,7 +11,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include <cuda_runtime.h>
@@ -194,14 +193,9 @@ reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, T
       TOut* const q = out + int64_t(row) * c + ci;
       if (vec_out) {  // ldw == c and ci + 3 < c
         if constexpr (sizeof(TOut) == 4) {
-          *reinterpret_cast<float4*>(q) = make_float4(r[0], r[1], r[2], r[3]);
-        } else {  // (packed by value: a reinterpreted array would live in local memory)
-          const auto bits = [](TOut v) {
-            uint16_t b;
-            memcpy(&b, &v, 2);
-            return uint32_t(b);
-          };
-          *reinterpret_cast<uint2*>(q) = make_uint2(bits(r[0]) | bits(r[1]) << 16, bits(r[2]) | bits(r[3]) << 16);
+          *reinterpret_cast<float4*>(q) = *reinterpret_cast<const float4*>(r);
+        } else {
+          *reinterpret_cast<uint2*>(q) = *reinterpret_cast<const uint2*>(r);
         }
       } else {  // ci < ldw and ldw < c + 4: ci < c
         q[0] = r[0];
@@ -222,8 +216,8 @@ reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, T
 }
 
 // Launches reduce_kernel with enough blocks to keep the memory system busy (a pure stream), and with job's
-// adjoint tiles when job.adj != nullptr. S_bias: the bias partials, S when 0. last: o_last, S_last and
-// S_bias_last, or none (o_last = d).
+// adjoint tiles when job.adj != nullptr. S_bias: the bias partials, S when 0. last: reduce_kernel's o_last,
+// S_last and S_bias_last (default: every row takes S).
 struct LastTile {
   int o_last = 0x7fffffff, S = 0, S_bias = 0;
 };
