@@ -261,35 +261,18 @@ bool hopper_takes_products(const at::Tensor& t, int64_t cd) {
   return products_form() == ProductsForm::kAuto && cd < kGemmGradXMinCD && hopper_kernels_may_run(t);
 }
 
-// Whether the fused backward leaves the weight gradient's reduce to grad_x's kernel (FwdParams::side): where
-// fwd() would take the Hopper kernel for grad_x = eq_linear_fwd(gy, the adjoint planes of planes): fp16 / bf16
-// on a Hopper device, not the narrow kernel's layer, not the GEMM form (its other conditions, such as the
-// alignments, the kernel's launcher checks). FLASH_EQLINEAR_SIDE_REDUCE=0: never (read at each call).
-bool grad_x_takes_hopper(const at::Tensor& gy, const at::Tensor& planes) {
-  const int64_t c = planes.size(2), d = planes.size(1);
-  const char* v = std::getenv("FLASH_EQLINEAR_SIDE_REDUCE");
-  if (v != nullptr && std::strcmp(v, "0") == 0) return false;
-  if (gy.scalar_type() == at::kFloat || gy.size(0) == 0 || !hopper_kernels_may_run(gy)) return false;
-  const FwdParams p{gy.data_ptr(), nullptr, nullptr, nullptr, gy.size(0), d, c};  // grad_x: k = d, n = c
-  if (eq_linear_fwd_narrow_applies(p, static_cast<int>(gy.element_size()), false)) return false;
-  const ProductsForm form = products_form();
-  return form == ProductsForm::kFused || (form == ProductsForm::kAuto && c * d < kGemmFwdMinCD);
-}
-
 // fp16 / bf16 (M, 4k) through the sm_90a forward kernel with planes (4, n, k) (n output channels), if
 // it runs for these tensors; else nothing is launched and false is returned. With xf (M, 4k), the kernel
 // also writes x's Fourier planes [f0 | f2 | fR | fI] * xf_scale there, and with xf_sums
 // (eq_linear_fwd_sm90_sum_rows(M), k) FP32 partial column sums of f0 (FwdParams); with gelu (and no xf),
-// y = GELU(the product). y may be FP32 (without xf and gelu): the product stored unrounded. With side, the
-// kernel also runs that weight-gradient reduce (FwdParams::side); M == 0 then launches nothing and returns false.
+// y = GELU(the product). y may be FP32 (without xf and gelu): the product stored unrounded.
 bool fwd_sm90_16bit(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
                     const at::Tensor& xf = at::Tensor(), float xf_scale = 1.f, const at::Tensor& xf_sums = at::Tensor(),
-                    bool gelu = false, const ReduceJob* side = nullptr) {
+                    bool gelu = false) {
   const int64_t M = x.size(0), n = planes.size(1), k = planes.size(2);
-  if (M == 0) return side == nullptr;
+  if (M == 0) return true;
   FwdParams p{x.data_ptr(), planes.data_ptr(), bias.defined() ? bias.data_ptr() : nullptr, y.data_ptr(), M, k, n};
   p.gelu = gelu;
-  p.side = side;
   p.y_f32 = y.scalar_type() == at::kFloat;
   if (xf.defined()) {
     p.xf = xf.data_ptr();
@@ -538,12 +521,8 @@ std::tuple<at::Tensor, at::Tensor> eq_linear_fwd_xf(const at::Tensor& x, const a
 // Weight gradients: x (M, 4c), grad_y (M, 4d) -> (grad_planes (4, d, c), grad_bias (d,)), in the
 // inputs' dtype (float32, float16 or bfloat16). With adj_of (planes (4, d, c), contiguous, of that dtype), the
 // same launches also make its adjoint planes (4, c, d) for grad_x (eq_adjoint_planes) into *adj.
-// With defer (fp16 / bf16 where the Hopper kernel runs; see BwdWeightParams::defer), the reduce may be left
-// to the caller's next launch: then *defer describes it and *ws_kept holds the workspace it reads, which the
-// caller keeps until that launch is enqueued; else defer->ws stays nullptr.
 std::tuple<at::Tensor, at::Tensor> weight_grads(const at::Tensor& x, const at::Tensor& grad_y,
-                                                const at::Tensor* adj_of = nullptr, at::Tensor* adj = nullptr,
-                                                ReduceJob* defer = nullptr, at::Tensor* ws_kept = nullptr) {
+                                                const at::Tensor* adj_of = nullptr, at::Tensor* adj = nullptr) {
   TORCH_CHECK(x.is_cuda() && grad_y.is_cuda() && x.device() == grad_y.device(),
               "eq_linear_bwd_weight: x and grad_y must be CUDA tensors on one device, got ",
               x.device().str(), " and ", grad_y.device().str());
@@ -580,7 +559,6 @@ std::tuple<at::Tensor, at::Tensor> weight_grads(const at::Tensor& x, const at::T
     p.planes = adj_of->data_ptr();
     p.adj = adj->data_ptr();
   }
-  if (defer != nullptr && ws_kept != nullptr && dtype != at::kFloat) p.defer = defer;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   cudaError_t err;
   switch (dtype) {
@@ -590,7 +568,6 @@ std::tuple<at::Tensor, at::Tensor> weight_grads(const at::Tensor& x, const at::T
   }
   TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd_weight: kernel launch failed (M=", num(M), ", c=", num(c),
               ", d=", num(d), ", ", c10::toString(dtype), "): ", cudaGetErrorString(err));
-  if (p.defer != nullptr && p.defer->ws != nullptr) *ws_kept = ws;
   return {grad_planes, grad_bias};
 }
 
@@ -747,25 +724,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& grad_y, con
   at::Tensor gx = none(), gp = none(), gb = none();
   const auto widened = [&](const at::Tensor& g) { return gx_f32 && needs_x ? g.to(at::kFloat) : g; };
   if (!gemm && (needs_p || needs_b)) {
-    // The fused weight gradient first: its reduce kernel also makes grad_x's adjoint planes (one launch less),
-    // or, where grad_x takes the Hopper forward, the reduce runs in that kernel's idle warps (FwdParams::side)
-    // and the weight gradient's kernel makes the adjoint planes.
-    at::Tensor adj, ws;
-    ReduceJob job;
+    // The fused weight gradient first: its reduce kernel also makes grad_x's adjoint planes (one launch less).
+    at::Tensor adj;
     const at::Tensor pc = planes.contiguous();
-    const bool side = needs_x && grad_x_takes_hopper(gy, pc);
-    auto [p, b] = needs_x ? weight_grads(t, gy, &pc, &adj, side ? &job : nullptr, &ws) : weight_grads(t, gy);
-    if (needs_x && job.ws != nullptr) {
-      gx = at::empty({gy.size(0), 4 * pc.size(2)}, gy.options().dtype(gx_f32 ? at::kFloat : gy.scalar_type()));
-      if (!fwd_sm90_16bit(gy, adj, at::Tensor(), gx, at::Tensor(), 1.f, at::Tensor(), false, &job)) {
-        const cudaError_t err = eq_linear_bwd_weight_reduce(job, gy.scalar_type() == at::kBFloat16,
-                                                            at::cuda::getCurrentCUDAStream());
-        TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: weight-gradient reduce failed: ", cudaGetErrorString(err));
-        gx = grad_x_fused(gy, planes, false, gx_f32, nullptr, nullptr, adj).first;
-      }
-    } else if (needs_x) {
-      gx = grad_x_fused(gy, planes, false, gx_f32, nullptr, nullptr, adj).first;
-    }
+    auto [p, b] = needs_x ? weight_grads(t, gy, &pc, &adj) : weight_grads(t, gy);
+    if (needs_x) gx = grad_x_fused(gy, planes, false, gx_f32, nullptr, nullptr, adj).first;
     return {widened(gx), needs_p ? p : gp, needs_b ? b : gb};
   }
   bool gx_gemm = false;

@@ -29,8 +29,6 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
-#include "eq_reduce_job.h"
-
 namespace flash_eqlinear {
 
 struct BwdWeightParams {
@@ -48,12 +46,6 @@ struct BwdWeightParams {
   // planes of planes (4, d, c) (eq_adjoint_planes), in spare blocks of the reduce kernel where one runs.
   const void* planes = nullptr;
   void* adj = nullptr;
-  // Optional (fp16 / bf16 where the Hopper kernel runs): with defer set, the reduce is not launched but
-  // described in *defer (eq_reduce_job.h) for a later launch on the same stream (the Hopper forward of
-  // grad_x: FwdParams::side), which must come before the workspace is released; the adjoint planes above are
-  // then made by the Hopper kernel itself. Elsewhere defer->ws stays nullptr: the reduce (and the adjoint
-  // planes) ran as usual.
-  ReduceJob* defer = nullptr;
 };
 
 // Workspace (bytes) that eq_linear_bwd_weight_<elem> needs for these sizes on CUDA device `device`
@@ -69,10 +61,6 @@ size_t eq_linear_bwd_weight_fp32_workspace_bytes(int64_t M, int64_t c, int64_t d
 // too small or not 16-byte aligned. FP32: x, gy and grad_planes may have any 4-byte alignment (a
 // scalar path handles pointers that are not 16-byte aligned). fp16 / bf16: x and gy must be
 // 16-byte aligned, grad_planes and grad_bias 2-byte aligned.
-// A reduce that eq_linear_bwd_weight_fp16 / _bf16 deferred (BwdWeightParams::defer), as a launch of its own
-// (where the launch meant to carry it could not); bf16: the element type, else fp16.
-cudaError_t eq_linear_bwd_weight_reduce(const ReduceJob& job, bool bf16, cudaStream_t stream);
-
 cudaError_t eq_linear_bwd_weight_fp32(const BwdWeightParams& p, cudaStream_t stream);
 cudaError_t eq_linear_bwd_weight_fp16(const BwdWeightParams& p, cudaStream_t stream);
 cudaError_t eq_linear_bwd_weight_bf16(const BwdWeightParams& p, cudaStream_t stream);

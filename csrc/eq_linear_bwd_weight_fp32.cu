@@ -423,20 +423,10 @@ cudaError_t eq_linear_bwd_weight_fp32(const BwdWeightParams& p, cudaStream_t str
   const bool adj = p.planes != nullptr && p.adj != nullptr;
   if (err == cudaSuccess && direct && adj) err = eq_adjoint_planes(p.planes, p.adj, p.d, p.c, 4, stream);
   if (err != cudaSuccess || direct) return err;
-  ReduceJob job;
-  job.ws = dst;
-  job.ws_bias = ws_bias;
-  job.out = out;
-  job.out_bias = out_bias;
-  job.S = job.S_bias = plan.S;
-  job.c = c;
-  job.d = d;
-  job.ldw = ld;
-  job.s_real = 0.5f;
-  job.s_cplx = kInvSqrt2;
-  split::AdjointJob aj;
-  if (adj) aj = {p.planes, p.adj};
-  return split::launch_reduce<float>(job, sms, stream, aj);
+  split::AdjointJob job;
+  if (adj) job = {p.planes, p.adj};
+  return split::launch_reduce<float>(dst, ws_bias, out, out_bias, plan.S, c, d, ld, 0.5f, kInvSqrt2, sms,
+                                     stream, 0, job);
 }
 
 }  // namespace flash_eqlinear

@@ -422,62 +422,29 @@ cudaError_t bwd_weight_mma(const BwdWeightParams& p, cudaStream_t stream) {
   kp.ws_bias = out_bias != nullptr ? ws_bias : nullptr;
 
   const bool fast = p.c % 2 == 0 && p.d % 2 == 0;
-  // Halved fp16 transforms: the accumulators hold 1/4 of the sums.
-  const float k = Elem<T>::kHalve ? 4.f : 1.f;
-  ReduceJob job;
-  job.ws = kp.ws;
-  job.ws_bias = ws_bias;
-  job.out = out;
-  job.out_bias = out_bias;
-  job.S = plan.S;
-  job.S_bias = int(plan.S * ch.bias_parts);
-  job.c = kp.c;
-  job.d = kp.d;
-  job.ldw = kp.ldw;
-  job.s_real = 0.5f * k;
-  job.s_cplx = 0.70710678118654752f * k;
-  if (plan.S_last > 0) {
-    job.o_last = int((p.d - 1) / kBwdWeightSm90Model.BD * kBwdWeightSm90Model.BD);
-    job.S_last = plan.S_last;
-    job.S_bias_last = int(plan.S_last * ch.bias_parts);
-  }
-  const bool adj = p.planes != nullptr && p.adj != nullptr;
-  // Deferred: the Hopper kernel makes the adjoint planes then.
-  const bool defer = ch.sm90 && p.defer != nullptr && split::reduce_fits(job.S, job.S_bias, job.d, job.ldw);
   if (ch.sm90) {
-    BwdWeightSm90Args a{p.x, p.gy, kp.ws, kp.ws_bias, p.M, plan.chunk_rows, kp.c, kp.d, kp.ldw, plan.S,
-                        ch.swap, plan.S_last, plan.chunk_rows_last};
-    if (defer && adj) {
-      a.planes = p.planes;
-      a.adj = p.adj;
-    }
+    const BwdWeightSm90Args a{p.x, p.gy, kp.ws, kp.ws_bias, p.M, plan.chunk_rows, kp.c, kp.d, kp.ldw, plan.S,
+                              ch.swap, plan.S_last, plan.chunk_rows_last};
     err = std::is_same_v<T, __half> ? eq_bwd_weight_sm90_fp16(a, stream) : eq_bwd_weight_sm90_bf16(a, stream);
   } else if (use_bk32(info))
     err = fast ? launch<T, WCfg32, true>(kp, plan, stream) : launch<T, WCfg32, false>(kp, plan, stream);
   else
     err = fast ? launch<T, WCfg16, true>(kp, plan, stream) : launch<T, WCfg16, false>(kp, plan, stream);
   if (err != cudaSuccess) return err;
-  if (defer) {
-    split::set_vec_out<T>(job);
-    *p.defer = job;
-    return cudaSuccess;
-  }
-  split::AdjointJob aj;
-  if (adj) aj = {p.planes, p.adj};
-  return split::launch_reduce<T>(job, info.sms, stream, aj);
+  // Halved fp16 transforms: the accumulators hold 1/4 of the sums.
+  const float k = Elem<T>::kHalve ? 4.f : 1.f;
+  split::AdjointJob job;
+  if (p.planes != nullptr && p.adj != nullptr) job = {p.planes, p.adj};
+  split::LastTile last;
+  if (plan.S_last > 0)
+    last = {int((p.d - 1) / kBwdWeightSm90Model.BD * kBwdWeightSm90Model.BD), plan.S_last,
+            int(plan.S_last * ch.bias_parts)};
+  return split::launch_reduce<T>(kp.ws, ws_bias, out, out_bias, plan.S, kp.c, kp.d, kp.ldw, 0.5f * k,
+                                 0.70710678118654752f * k, info.sms, stream, int(plan.S * ch.bias_parts), job,
+                                 last);
 }
 
 }  // namespace
-
-cudaError_t eq_linear_bwd_weight_reduce(const ReduceJob& job, bool bf16, cudaStream_t stream) {
-  int dev = 0;
-  DeviceInfo info;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = device_info(dev, info);
-  if (err != cudaSuccess) return err;
-  return bf16 ? split::launch_reduce<__nv_bfloat16>(job, info.sms, stream)
-              : split::launch_reduce<__half>(job, info.sms, stream);
-}
 
 size_t eq_linear_bwd_weight_workspace_bytes(int64_t M, int64_t c, int64_t d, int elem_bytes, int device) {
   DeviceInfo info;

@@ -66,7 +66,6 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
-#include "eq_adjoint_tile.cuh"
 #include "eq_linear_bwd_weight_sm90.h"
 #include "eq_linear_fwd_sm90.h"
 #include "eq_linear_mma_common.cuh"
@@ -106,8 +105,6 @@ struct KParams {
   int na;        // channels of the A operand (grad_y's d; with kSwap x's c)
   int ga, gb;    // A tiles, B tiles
   int S, S_last; // row chunks of the A tiles but the last, of the last (BwdWeightSm90Args)
-  const void* planes;  // BwdWeightSm90Args::planes / adj (adj nullptr: none)
-  void* adj;
 };
 
 // A block's tile and rows. The grid is 1-D: (ga - 1) * gb * S blocks for the A tiles but the last (A tile
@@ -403,18 +400,6 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
       }
     } else if (threadIdx.x >= 32) {
       transform_x<T, kSwap>(p, tile, base, bar, KT);
-      if (p.adj != nullptr) {  // grad_x's adjoint planes, tiles spread over the blocks; the raw x ring is free
-        auto& buf = *reinterpret_cast<uint16_t(*)[32][33]>(smem_raw + (base - smem_addr(smem_raw)) + kXOff);
-        const int tid = threadIdx.x - 32, n = 32 * kXformWarps;
-        const int64_t tiles = adjoint_planes_tiles(p.d, p.c);
-        for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-          const AdjointTile at(p.d, p.c, t);
-          at.load(static_cast<const uint16_t*>(p.planes), p.d, p.c, buf, tid, n);
-          named_barrier_sync(2, n);
-          at.store(static_cast<uint16_t*>(p.adj), p.d, p.c, buf, tid, n);
-          named_barrier_sync(2, n);
-        }
-      }
     }
   } else {
     setmaxnreg_inc<224>();
@@ -453,7 +438,7 @@ cudaError_t launch(const BwdWeightSm90Args& a, cudaStream_t stream) {
   if (a.S < 1 || S_last < 1 || S_last > a.S || blocks > 0x7fffffff || (kSwap && S_last != a.S))
     return cudaErrorInvalidConfiguration;
   KParams kp{a.ws, a.ws_bias, a.M, a.chunk_rows, chunk_last, a.c, a.d, a.ldw, static_cast<int>(na),
-             static_cast<int>(grid_a), static_cast<int>(grid_b), a.S, S_last, a.planes, a.adj};
+             static_cast<int>(grid_a), static_cast<int>(grid_b), a.S, S_last};
   return launch_maybe_pdl(dim3(unsigned(blocks)), dim3(kThreads), kSmem, stream, kernel, tm_a, tm_b, kp);
 }
 

@@ -24,10 +24,6 @@ struct BwdWeightSm90Args {
   // chunk_rows_last rows. Not with swap.
   int S_last = 0;
   int64_t chunk_rows_last = 0;
-  // Optional: the adjoint planes adj (4, c, d) of planes (4, d, c) (eq_adjoint_planes), made by the
-  // transform warps after their last k tile (BwdWeightParams::defer).
-  const void* planes = nullptr;
-  void* adj = nullptr;
 };
 
 // The tile as the split plan models it: 128 output x 64 input channels, 32 rows per k tile, one block

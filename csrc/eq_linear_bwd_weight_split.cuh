@@ -18,7 +18,6 @@
 #include "eq_adjoint_tile.cuh"
 #include "eq_elem_convert.cuh"  // from_float
 #include "eq_pdl.cuh"
-#include "eq_reduce_job.h"
 
 namespace flash_eqlinear {
 namespace split {
@@ -137,66 +136,6 @@ inline size_t workspace_bytes(const Plan& plan, bool always_reduce, int64_t c, i
   return size_t(plan.S) * size_t(4 * d * round_up4(c) + bias_parts * d) * sizeof(float);
 }
 
-// Two values rounded to a 16-bit TOut, packed (the first in the low half).
-__device__ __forceinline__ uint32_t bits16(__half v) { return __half_as_ushort(v); }
-__device__ __forceinline__ uint32_t bits16(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
-template <class TOut>
-__device__ __forceinline__ uint32_t pack2(float a, float b) {
-  return bits16(from_float<TOut>(a)) | bits16(from_float<TOut>(b)) << 16;
-}
-
-// The reduce (eq_reduce_job.h), thread t of nt: outputs i = t, t + nt, ... (4 consecutive channels of one
-// row g * d + o of grad_planes each: consecutive threads read consecutive 16 bytes), then biases t, t + nt,
-// ... Each sums its partials in the order z = 0, 1, ..., scales (planes 0 and 3 by s_real, 1 and 2 by
-// s_cplx; biases unscaled) and rounds once to TOut: the same bits whichever thread or launch runs it.
-// kUnroll: partials loaded at once (the reduce kernel: 4; the Hopper forward's producer warps, which have
-// 24 registers: 2). Offsets are 32-bit: the host keeps S * 4 * d * ldw below 2^31 (reduce_fits).
-template <class TOut, int kUnroll>
-__device__ __forceinline__ void reduce_part(const ReduceJob& j, int t, int nt) {
-  const int n_row4 = j.ldw / 4, items = 4 * j.d * n_row4;
-  for (int i = t; i < items; i += nt) {
-    const int row = i / n_row4, ci = 4 * (i - row * n_row4);
-    const float* p = j.ws + row * j.ldw + ci;
-    float4 s = *reinterpret_cast<const float4*>(p);
-    const int Sr = row % j.d < j.o_last ? j.S : j.S_last;
-#pragma unroll kUnroll
-    for (int z = 1; z < Sr; ++z) {
-      const float4 v = *reinterpret_cast<const float4*>(p + z * (4 * j.d * j.ldw));
-      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-    }
-    const int g = row / j.d;
-    const float sc = (g == 0 || g == 3) ? j.s_real : j.s_cplx;
-    s = make_float4(s.x * sc, s.y * sc, s.z * sc, s.w * sc);
-    TOut* const q = static_cast<TOut*>(j.out) + row * j.c + ci;
-    if (j.vec_out) {  // ldw == c and ci + 3 < c (packed by value: no array in local memory)
-      if constexpr (sizeof(TOut) == 4) {
-        *reinterpret_cast<float4*>(q) = s;
-      } else {
-        *reinterpret_cast<uint2*>(q) = make_uint2(pack2<TOut>(s.x, s.y), pack2<TOut>(s.z, s.w));
-      }
-    } else {  // ci < ldw and ldw < c + 4: ci < c
-      q[0] = from_float<TOut>(s.x);
-      if (ci + 1 < j.c) q[1] = from_float<TOut>(s.y);
-      if (ci + 2 < j.c) q[2] = from_float<TOut>(s.z);
-      if (ci + 3 < j.c) q[3] = from_float<TOut>(s.w);
-    }
-  }
-  if (j.out_bias != nullptr) {
-    for (int o = t; o < j.d; o += nt) {
-      float s = j.ws_bias[o];
-      const int Sb = o >= j.o_last ? j.S_bias_last : j.S_bias;
-      for (int z = 1; z < Sb; ++z) s += j.ws_bias[z * j.d + o];
-      static_cast<TOut*>(j.out_bias)[o] = from_float<TOut>(s);
-    }
-  }
-}
-
-// Whether a reduce of these sizes keeps its offsets in 32 bits (reduce_part): S partials of 4 * d * ldw
-// floats, and S_bias of d.
-inline bool reduce_fits(int64_t S, int64_t S_bias, int64_t d, int64_t ldw) {
-  return S * 4 * d * ldw < (int64_t(1) << 31) && S_bias * d < (int64_t(1) << 31);
-}
-
 // The adjoint planes (eq_adjoint_tile.cuh) as extra blocks of the reduce launch, for the grad_x that follows
 // (one launch less per backward): planes (4, d, c) -> adj (4, c, d) in the output's element type. Unused
 // when adj == nullptr.
@@ -205,44 +144,96 @@ struct AdjointJob {
   void* adj = nullptr;
 };
 
-// Blocks 0 .. reduce_blocks - 1 run the reduce (reduce_part), the blocks after them one adjoint tile each.
-// Launched with programmatic dependent launch (eq_pdl.cuh): it waits for the kernel that wrote the partials
-// before touching global memory.
-constexpr int kReduceThreads = 256;
+// Sums the S partial tiles in order z = 0 .. S-1, scales (planes 0 and 3 by s_real, 1 and 2 by
+// s_cplx), converts to TOut and writes grad_planes (4, d, c) and, when out_bias != nullptr,
+// grad_bias (d,) from the S_bias bias partials (in order); rows and biases of o >= o_last take the first
+// S_last partials and S_bias_last bias partials only (Plan::S_last). Blocks 0 .. rgx * rgy - 1 reduce: block
+// (bx, by) = (b % rgx, b / rgx) of 256 threads as (kReduceX, kReduceY), x walking the float4 groups of a
+// partial row (ldw / 4), y the 4 * d rows (g * d + o); the blocks with by == 0 also reduce grad_bias.
+// The blocks after them make one adjoint tile each (job). vec_out: c % 4 == 0 and out aligned to 4
+// elements, so each float4 group is one aligned vector store. Launched with programmatic dependent
+// launch (eq_pdl.cuh): it waits for the kernel that wrote the partials before touching global memory.
+constexpr int kReduceX = 64, kReduceY = 4;
 
 template <class TOut>
-__global__ void __launch_bounds__(kReduceThreads)
-reduce_kernel(const ReduceJob job, int reduce_blocks, AdjointJob adj) {
+__global__ void __launch_bounds__(kReduceX * kReduceY)
+reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, TOut* __restrict__ out,
+              TOut* __restrict__ out_bias, int S, int S_bias, int c, int d, int ldw, float s_real,
+              float s_cplx, bool vec_out, int rgx, int rgy, int o_last, int S_last, int S_bias_last,
+              AdjointJob job) {
   pdl_wait();
   const int tid = threadIdx.x;
-  if (static_cast<int>(blockIdx.x) >= reduce_blocks) {  // an adjoint tile
+  const int64_t b = blockIdx.x;
+  if (b >= int64_t(rgx) * rgy) {  // an adjoint tile
     using U = std::conditional_t<sizeof(TOut) == 4, uint32_t, uint16_t>;
     __shared__ U buf[32][33];
-    adjoint_planes_tile(static_cast<const U*>(adj.planes), static_cast<U*>(adj.adj), job.d, job.c,
-                        blockIdx.x - reduce_blocks, buf, tid);
+    adjoint_planes_tile(static_cast<const U*>(job.planes), static_cast<U*>(job.adj), d, c, b - int64_t(rgx) * rgy,
+                        buf, tid);
     return;
   }
-  reduce_part<TOut, 4>(job, static_cast<int>(blockIdx.x) * kReduceThreads + tid, reduce_blocks * kReduceThreads);
+  const int bx = int(b % rgx), by = int(b / rgx), tx = tid % kReduceX, ty = tid / kReduceX;
+  const int n_row4 = ldw / 4;
+  const int rows = 4 * d;
+  const int64_t split_stride = 4 * int64_t(d) * ldw;  // floats between partials
+  for (int row = by * kReduceY + ty; row < rows; row += rgy * kReduceY) {
+    const int g = row / d;
+    const float sc = (g == 0 || g == 3) ? s_real : s_cplx;
+    const int Sr = row - g * d < o_last ? S : S_last;
+    for (int c4 = bx * kReduceX + tx; c4 < n_row4; c4 += rgx * kReduceX) {
+      const int ci = 4 * c4;
+      const float* p = ws + int64_t(row) * ldw + ci;
+      float4 s = *reinterpret_cast<const float4*>(p);
+#pragma unroll 4  // loads in flight (ptxas's own unrolling spilled registers here)
+      for (int z = 1; z < Sr; ++z) {
+        const float4 v = *reinterpret_cast<const float4*>(p + z * split_stride);
+        s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+      }
+      TOut r[4] = {from_float<TOut>(s.x * sc), from_float<TOut>(s.y * sc), from_float<TOut>(s.z * sc),
+                   from_float<TOut>(s.w * sc)};
+      TOut* const q = out + int64_t(row) * c + ci;
+      if (vec_out) {  // ldw == c and ci + 3 < c
+        if constexpr (sizeof(TOut) == 4) {
+          *reinterpret_cast<float4*>(q) = *reinterpret_cast<const float4*>(r);
+        } else {
+          *reinterpret_cast<uint2*>(q) = *reinterpret_cast<const uint2*>(r);
+        }
+      } else {  // ci < ldw and ldw < c + 4: ci < c
+        q[0] = r[0];
+        if (ci + 1 < c) q[1] = r[1];
+        if (ci + 2 < c) q[2] = r[2];
+        if (ci + 3 < c) q[3] = r[3];
+      }
+    }
+  }
+  if (out_bias != nullptr && by == 0) {
+    for (int o = bx * (kReduceX * kReduceY) + tid; o < d; o += rgx * kReduceX * kReduceY) {
+      float s = ws_bias[o];
+      const int Sb = o >= o_last ? S_bias_last : S_bias;
+      for (int z = 1; z < Sb; ++z) s += ws_bias[int64_t(z) * d + o];
+      out_bias[o] = from_float<TOut>(s);
+    }
+  }
 }
 
-// job's vec_out for an output of element type TOut.
-template <class TOut>
-void set_vec_out(ReduceJob& job) {
-  job.vec_out = job.c % 4 == 0 && reinterpret_cast<uintptr_t>(job.out) % (4 * sizeof(TOut)) == 0;
-}
+// Launches reduce_kernel with enough blocks to keep the memory system busy (a pure stream), and with job's
+// adjoint tiles when job.adj != nullptr. S_bias: the bias partials, S when 0. last: reduce_kernel's o_last,
+// S_last and S_bias_last (default: every row takes S).
+struct LastTile {
+  int o_last = 0x7fffffff, S = 0, S_bias = 0;
+};
 
-// Launches reduce_kernel (job, its vec_out set here) with enough blocks to keep the memory system busy (a
-// pure stream), and adj's tiles when adj.adj != nullptr.
 template <class TOut>
-cudaError_t launch_reduce(ReduceJob job, int sms, cudaStream_t stream, const AdjointJob& adj = {}) {
-  set_vec_out<TOut>(job);
-  if (!reduce_fits(job.S, job.S_bias, job.d, job.ldw)) return cudaErrorInvalidConfiguration;
-  const int64_t items = int64_t(4) * job.d * (job.ldw / 4);
-  const int64_t reduce_blocks = imax(1, imin(cdiv(items, kReduceThreads), int64_t(sms) * 16));
-  const int64_t blocks = reduce_blocks + (adj.adj != nullptr ? adjoint_planes_tiles(job.d, job.c) : 0);
+cudaError_t launch_reduce(const float* ws, const float* ws_bias, TOut* out, TOut* out_bias, int S, int c,
+                          int d, int ldw, float s_real, float s_cplx, int sms, cudaStream_t stream,
+                          int S_bias = 0, const AdjointJob& job = {}, const LastTile& last = {}) {
+  const int64_t rgx = imin(cdiv(ldw / 4, kReduceX), 32);
+  const int64_t rgy = imin(imin(cdiv(4 * int64_t(d), kReduceY), imax(1, int64_t(sms) * 16 / rgx)), 65535);
+  const int64_t blocks = rgx * rgy + (job.adj != nullptr ? adjoint_planes_tiles(d, c) : 0);
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  return launch_maybe_pdl(dim3(unsigned(blocks)), dim3(kReduceThreads), 0, stream, reduce_kernel<TOut>, job,
-                          int(reduce_blocks), adj);
+  const bool vec_out = c % 4 == 0 && reinterpret_cast<uintptr_t>(out) % (4 * sizeof(TOut)) == 0;
+  return launch_maybe_pdl(dim3(unsigned(blocks)), dim3(kReduceX * kReduceY), 0, stream, reduce_kernel<TOut>, ws,
+                          ws_bias, out, out_bias, S, S_bias > 0 ? S_bias : S, c, d, ldw, s_real, s_cplx, vec_out,
+                          int(rgx), int(rgy), last.o_last, last.S, last.S_bias, job);
 }
 
 }  // namespace split

@@ -21,8 +21,6 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
-#include "eq_reduce_job.h"
-
 namespace flash_eqlinear {
 
 struct FwdParams {
@@ -50,11 +48,6 @@ struct FwdParams {
   // cudaErrorNotSupported when set): y is FP32 (M, d, 4), the result unrounded, while x, planes and bias
   // are fp16 / bf16 (grad_x of an FP32 input that autocast runs in 16 bits). Not with xf or gelu.
   bool y_f32 = false;
-  // Optional, the fp16 / bf16 Hopper kernel only (the other launchers return cudaErrorNotSupported when set,
-  // and the Hopper entry points launch nothing then where they do not run): a weight-gradient reduce
-  // (eq_reduce_job.h, its element type the planes') that the kernel's idle producer warps run beside the
-  // tiles. Not with xf.
-  const ReduceJob* side = nullptr;
 };
 
 // One launch; returns the launch error (cudaSuccess when nothing went wrong). M == 0 is a no-op.

@@ -475,15 +475,13 @@ cudaError_t eq_linear_fwd_mma(const FwdParams& p, cudaStream_t stream) {
 cudaError_t eq_linear_fwd_fp16(const FwdParams& p, cudaStream_t stream) {
   bool launched = false;
   const cudaError_t e = eq_linear_fwd_sm90_fp16(p, stream, &launched);
-  if (launched || e != cudaSuccess) return e;
-  return p.side != nullptr ? cudaErrorNotSupported : eq_linear_fwd_mma<__half>(p, stream);
+  return (launched || e != cudaSuccess) ? e : eq_linear_fwd_mma<__half>(p, stream);
 }
 
 cudaError_t eq_linear_fwd_bf16(const FwdParams& p, cudaStream_t stream) {
   bool launched = false;
   const cudaError_t e = eq_linear_fwd_sm90_bf16(p, stream, &launched);
-  if (launched || e != cudaSuccess) return e;
-  return p.side != nullptr ? cudaErrorNotSupported : eq_linear_fwd_mma<__nv_bfloat16>(p, stream);
+  return (launched || e != cudaSuccess) ? e : eq_linear_fwd_mma<__nv_bfloat16>(p, stream);
 }
 
 }  // namespace flash_eqlinear

@@ -80,7 +80,6 @@
 #include <cuda_bf16.h>
 
 #include "eq_linear_fwd.h"
-#include "eq_linear_bwd_weight_split.cuh"  // reduce_part
 #include "eq_linear_fwd_sm90.h"
 #include "eq_linear_mma_common.cuh"
 #include "eq_linear_sm90.cuh"
@@ -118,7 +117,6 @@ struct Sm90Params {
   int c, d, k_tiles, num_m, num_n;
   int group_m;  // m tiles per group of the walk (see tile_origin)
   int num_ng;   // n groups: num_n / the cluster size, rounded up
-  ReduceJob side;  // FwdParams::side (side.ws nullptr: none)
 };
 constexpr int kXfWarps = 3;  // producer warps 1-3 write xf
 static_assert(32 * (1 + kXfWarps) == 128, "the producer warpgroup: the TMA warp and the xf writers");
@@ -360,9 +358,7 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uin
 // L2 once per pair; each releases a stage only when the consumers of both CTAs have read it.
 // kGelu (plain variant): the epilogue stores GELU of the output. kF32Out (plain variant, 16-bit T): an
 // FP32 y (FwdParams::y_f32).
-// kSide (plain 16-bit variant, single CTAs): producer warps 1-3 run a weight gradient's reduce
-// (FwdParams::side) beside the tiles; at 24 registers that spills, so this variant splits 32 / 232.
-template <class T, bool kXf, int kCl = 1, bool kGelu = false, bool kF32Out = false, bool kSide = false>
+template <class T, bool kXf, int kCl = 1, bool kGelu = false, bool kF32Out = false>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
                           const Sm90Params p) {
@@ -375,7 +371,6 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
   static_assert(kCl == 1 || (kCl == 2 && !kXf), "clusters of two, plain variant only");
   static_assert(!kGelu || !kXf, "the GELU epilogue: plain variant");
   static_assert(!kF32Out || (!kXf && !kGelu && sizeof(T) == 2), "the FP32 epilogue: plain 16-bit variant");
-  static_assert(!kSide || (!kXf && !kGelu && kCl == 1 && sizeof(T) == 2), "the side reduce: plain 16-bit variant");
   const int rank = kCl == 1 ? 0 : static_cast<int>(cluster_ctarank());
 
   constexpr bool writes_xf = kXf && sizeof(T) == 2;
@@ -398,7 +393,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
   pdl_wait();
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
-    setmaxnreg_dec<kXf ? 56 : kSide ? 32 : 24>();
+    setmaxnreg_dec<kXf ? 56 : 24>();
     if (writes_xf && threadIdx.x >= 32) {
       if constexpr (writes_xf) write_xf<T>(p, xbuf, xfull, xempty, num_tiles);
     } else if (threadIdx.x == 0) {
@@ -430,13 +425,9 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
           }
         }
       }
-    } else if (kSide && threadIdx.x >= 32) {
-      // Warps 1-3, idle otherwise: a weight gradient's reduce (FwdParams::side), over all blocks' 96 threads.
-      if constexpr (kSide)
-        split::reduce_part<T, 2>(p.side, static_cast<int>(blockIdx.x) * 96 + (threadIdx.x - 32), gridDim.x * 96);
     }
   } else {
-    setmaxnreg_inc<kXf ? 224 : kSide ? 232 : 240>();
+    setmaxnreg_inc<kXf ? 224 : 240>();
     consume<T, kCl, kGelu, kF32Out>(p, base, full_bar, empty_bar, num_tiles);
     // No CTA exits while its partner may still write to it or arrive on its barriers: every multicast
     // into a CTA and every remote arrival precedes its partner's consumers' last wait or arrival.
@@ -479,8 +470,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   if (!sm90_path_enabled() || p.M <= 0 || p.M > 0x7fffffff - kBM || (p.c * kE) % 16 != 0 || p.d % 2 != 0 ||
       p.c > 0x3fffffff / 4 || p.d > 0x7fffffff - kBN || !aligned16(p.x) || !aligned16(p.planes) || !aligned16(p.y) ||
       reinterpret_cast<uintptr_t>(p.bias) % (2 * kE) != 0 || (p.xf != nullptr && (kE == 4 || !aligned16(p.xf))) ||
-      (p.gelu && p.xf != nullptr) || (p.y_f32 && (p.gelu || p.xf != nullptr)) ||
-      (p.side != nullptr && (kE == 4 || p.xf != nullptr)))
+      (p.gelu && p.xf != nullptr) || (p.y_f32 && (p.gelu || p.xf != nullptr)))
     return cudaSuccess;
   int dev = 0, major = 0, smem_optin = 0, num_sms = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -512,7 +502,6 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.xf = p.xf;
   kp.xf_sums = p.xf_sums;
   kp.xf_scale = p.xf_scale;
-  kp.side = p.side != nullptr ? *p.side : ReduceJob{};
   kp.M = p.M;
   kp.c = static_cast<int>(p.c);
   kp.d = static_cast<int>(p.d);
@@ -524,8 +513,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   // (c = d = 2048: 5-6% faster than groups of 8, benchmarks/README.md v12). Larger planes are streamed
   // once per group: groups of 8 m tiles read them a quarter as often.
   kp.group_m = 4 * kE * p.c * p.d <= (int64_t{32} << 20) ? 2 : 8;
-  if (p.xf == nullptr && p.side == nullptr && num_n > 1 && sm90_clusters(num_n, kE)) {  // clusters of two sharing
-    // x (the kernel, kCl)
+  if (p.xf == nullptr && num_n > 1 && sm90_clusters(num_n, kE)) {  // clusters of two sharing x (the kernel, kCl)
     auto kernel = p.gelu    ? eq_linear_fwd_sm90_kernel<T, false, 2, true>
                   : f32_out ? eq_linear_fwd_sm90_kernel<T, false, 2, false, kE == 2>
                             : eq_linear_fwd_sm90_kernel<T, false, 2>;
@@ -566,11 +554,8 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.num_ng = kp.num_n;
   auto kernel = p.xf != nullptr ? eq_linear_fwd_sm90_kernel<T, true>
                 : p.gelu        ? eq_linear_fwd_sm90_kernel<T, false, 1, true>
-                : p.side != nullptr
-                    ? (f32_out ? eq_linear_fwd_sm90_kernel<T, false, 1, false, kE == 2, kE == 2>
-                               : eq_linear_fwd_sm90_kernel<T, false, 1, false, false, kE == 2>)
-                : f32_out ? eq_linear_fwd_sm90_kernel<T, false, 1, false, kE == 2>
-                          : eq_linear_fwd_sm90_kernel<T, false>;
+                : f32_out       ? eq_linear_fwd_sm90_kernel<T, false, 1, false, kE == 2>
+                                : eq_linear_fwd_sm90_kernel<T, false>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_m * num_n, num_sms));

@@ -1152,47 +1152,6 @@ def test_backward_op(M, c, d, dtype, gemm, needs):
         torch.ops.flash_eqlinear.eq_linear_bwd(gy[:, :-4], x, planes, *needs, gemm)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("gx_fp32", [False, True])
-@pytest.mark.parametrize(
-    "M, c, d, side",
-    [
-        (301, 24, 40, 1),
-        (1000, 48, 200, 1),
-        (25216, 192, 576, 1),
-        (4097, 768, 192, 1),
-        (129, 16, 16, 0),
-        (5, 2, 2, 0),
-    ],
-)
-def test_backward_side_reduce(M, c, d, side, dtype, gx_fp32, monkeypatch):
-    """Where grad_x takes the Hopper kernel, the fused backward leaves the weight gradient's reduce to that
-    kernel's idle warps and the adjoint planes to the weight gradient's kernel: the same bits as with the
-    reduce kernel (FLASH_EQLINEAR_SIDE_REDUCE=0), and each gradient against float64. The narrow kernel's
-    layers (c, d <= 32: side = 0) keep the reduce kernel."""
-    x, planes, _ = make(M, c, d, dtype, seed=M + c)
-    gy = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
-
-    def run():
-        return torch.ops.flash_eqlinear.eq_linear_bwd(gy, x, planes, True, True, True, False, gx_fp32)
-
-    got = run()
-    names = launched_kernels(run)
-    if torch.cuda.get_device_capability()[0] == 9:  # no reduce kernel: the forward's side variant ran it
-        assert any("reduce_kernel" in n for n in names) != bool(side), names
-        ran = [n for n in names if re.search(r"eq_linear_fwd_sm90_kernel<[^>]*, true>", n)]
-        assert bool(ran) == bool(side), names
-    monkeypatch.setenv("FLASH_EQLINEAR_SIDE_REDUCE", "0")
-    want = run()
-    assert any("reduce_kernel" in n for n in launched_kernels(run))
-    assert got[0].dtype == (torch.float32 if gx_fp32 else dtype)
-    for g, w in zip(got, want, strict=True):
-        assert torch.equal(g, w)
-    ref = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double())
-    for g, r in zip(got, ref, strict=True):
-        assert rel_l2(g, r) < 4 * ROUNDOFF[dtype]
-
-
 def test_fused_weight_grad_in_autograd():
     naive = fe.NaiveEQLinear(4 * 59, 4 * 48, device=DEV, dtype=torch.float64)
     flash = fe.FlashEQLinear.from_naive(naive.weight.detach().float(), naive.bias.detach().float())
