@@ -206,32 +206,6 @@ def test_group_layer_norm_inference_keeps_expanded_params():
     assert ln._cache is None and ln.weight.grad is not None and ln.bias.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("variant", ["naive", "flash", "plain"])
-def test_vit_norms_expanded_together(variant, monkeypatch):
-    """A ViT training step expands its LayerNorms' group-shared parameters in one pass
-    (expand_group_norms): the same outputs and gradients, bit for bit, as each layer expanding its own."""
-    from flash_eqlinear.models import vit
-
-    model = tiny("vit", variant).train()
-    with torch.no_grad():  # parameters that differ per layer and per field
-        for m in model.modules():
-            if type(m).__name__ in ("GroupLayerNorm", "LayerNorm"):
-                m.weight.uniform_(0.5, 1.5), m.bias.uniform_(-1, 1)
-    img = image(TINY_VIT["img_size"])
-    norms = [m for b in model.blocks for m in (b.norm1, b.norm2)] + [model.norm]
-    assert (vit.expand_group_norms(norms) is not None) == (variant != "plain")
-    runs = []
-    for together in (True, False):
-        if not together:
-            monkeypatch.setattr(vit, "expand_group_norms", lambda norms: None)
-        model.zero_grad()
-        y = model(img)
-        y.square().sum().backward()
-        runs.append([y.detach()] + [p.grad.clone() for p in model.parameters()])
-    for a, b in zip(*runs, strict=True):
-        assert torch.equal(a, b)
-
-
 @pytest.mark.parametrize("kind", ["vit", "swin"])
 def test_flash_matches_naive_same_weights(kind):
     naive = tiny(kind, "naive")

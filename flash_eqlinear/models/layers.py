@@ -34,7 +34,6 @@ __all__ = [
     "VARIANTS",
     "Variant",
     "GroupLayerNorm",
-    "expand_group_norms",
     "LiftingPatchEmbed",
     "GroupPosEmbed",
     "Attention",
@@ -144,12 +143,9 @@ class GroupLayerNorm(ParamCache, nn.Module):
         self.bias = nn.Parameter(torch.zeros(c))
         self._cache = None
 
-    def forward(self, x: torch.Tensor, params: tuple | None = None) -> torch.Tensor:
-        """``params``: this layer's weight and bias expanded over the group axis where the caller made them
-        (:func:`expand_group_norms`), else expanded here."""
-        if params is None:
-            params = self._cached(None, self._expanded) if self._caches() else self._expanded()
-        return F.layer_norm(x, (self.num_features,), *params, self.eps)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, b = self._cached(None, self._expanded) if self._caches() else self._expanded()
+        return F.layer_norm(x, (self.num_features,), w, b, self.eps)
 
     def _expanded(self) -> tuple[torch.Tensor, torch.Tensor]:
         # Each parameter once per group copy (index o*G + g): one copy kernel (repeat_interleave launches
@@ -159,26 +155,6 @@ class GroupLayerNorm(ParamCache, nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, group_size={self.group_size}, eps={self.eps}"
-
-
-def expand_group_norms(norms: list[nn.Module]) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-    """The expanded (weight, bias) of each of ``norms`` (GroupLayerNorm layers of one group size, dtype
-    and device), made together: two copies in all, and in the backward two sums, where each layer alone
-    takes two of each. An eager training step of EQ-ViT-L would otherwise spend ~200 tiny kernels on its
-    49 LayerNorms. None where it does not apply: under torch.compile (Inductor fuses each expansion into
-    its normalisation), without gradients (eval-mode layers keep their expansions), or for other layers."""
-    if not norms or torch.compiler.is_compiling() or not torch.is_grad_enabled():
-        return None
-    if not all(type(m) is GroupLayerNorm for m in norms):
-        return None
-    G, w0 = norms[0].group_size, norms[0].weight
-    if any(m.group_size != G or m.weight.dtype != w0.dtype or m.weight.device != w0.device for m in norms):
-        return None
-    sizes = [m.num_features for m in norms]
-    expanded = []
-    for t in (torch.cat([m.weight for m in norms]), torch.cat([m.bias for m in norms])):
-        expanded.append(t.unsqueeze(-1).expand(-1, G).reshape(-1).split(sizes))
-    return list(zip(*expanded, strict=True))
 
 
 class LiftingPatchEmbed(nn.Module):

@@ -22,16 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .layers import (
-    Attention,
-    GroupPosEmbed,
-    LiftingPatchEmbed,
-    Mlp,
-    Variant,
-    build_model,
-    expand_group_norms,
-    group_pool,
-)
+from .layers import Attention, GroupPosEmbed, LiftingPatchEmbed, Mlp, Variant, build_model, group_pool
 
 __all__ = ["EQViT", "VIT_CONFIGS", "eq_vit"]
 
@@ -55,14 +46,9 @@ class Block(nn.Module):
         self.norm2 = variant.norm(dim, eps)
         self.mlp = Mlp(variant, dim, int(dim * mlp_ratio))
 
-    def forward(self, x: torch.Tensor, norm_params: list | None = None) -> torch.Tensor:
-        """``norm_params``: the two norms' expanded affine parameters where the model made them
-        (:func:`~flash_eqlinear.models.layers.expand_group_norms`)."""
-        if norm_params is None:
-            x = x + self.attn(self.norm1(x))
-            return x + self.mlp(self.norm2(x))
-        x = x + self.attn(self.norm1(x, norm_params[0]))
-        return x + self.mlp(self.norm2(x, norm_params[1]))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
 
 
 class EQViT(nn.Module):
@@ -119,11 +105,9 @@ class EQViT(nn.Module):
         x = (x + self.pos_embed().to(x.dtype)).flatten(1, 2)
         cls = self.cls_token.repeat_interleave(self.group_size).to(x.dtype).expand(x.shape[0], 1, -1)
         x = torch.cat([cls, x], dim=1)
-        # Eager training: all LayerNorms' group-shared parameters expanded at once (expand_group_norms).
-        params = expand_group_norms([m for blk in self.blocks for m in (blk.norm1, blk.norm2)] + [self.norm])
-        for i, blk in enumerate(self.blocks):
-            x = blk(x, None if params is None else params[2 * i : 2 * i + 2])
-        return self.norm(x) if params is None else self.norm(x, params[-1])
+        for blk in self.blocks:
+            x = blk(x)
+        return self.norm(x)
 
     def forward(self, img: torch.Tensor) -> torch.Tensor:
         x = self.forward_features(img)[:, 0]
