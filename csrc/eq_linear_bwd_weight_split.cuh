@@ -144,12 +144,18 @@ struct AdjointJob {
   void* adj = nullptr;
 };
 
+// The rows of a last A tile with its own chunk count (Plan::S_last): o >= o_last take the first S partials and
+// S_bias bias partials only (default: none).
+struct LastTile {
+  int o_last = 0x7fffffff, S = 0, S_bias = 0;
+};
+
 // Sums the S partial tiles in order z = 0 .. S-1, scales (planes 0 and 3 by s_real, 1 and 2 by
 // s_cplx), converts to TOut and writes grad_planes (4, d, c) and, when out_bias != nullptr,
-// grad_bias (d,) from the S_bias bias partials (in order); rows and biases of o >= o_last take the first
-// S_last partials and S_bias_last bias partials only (Plan::S_last). Blocks 0 .. rgx * rgy - 1 reduce: block
-// (bx, by) = (b % rgx, b / rgx) of 256 threads as (kReduceX, kReduceY), x walking the float4 groups of a
-// partial row (ldw / 4), y the 4 * d rows (g * d + o); the blocks with by == 0 also reduce grad_bias.
+// grad_bias (d,) from the S_bias bias partials (in order); the rows and biases of `last` fewer. Blocks 0 ..
+// rgx * rgy - 1 reduce: block (bx, by) = (b % rgx, b / rgx) of 256 threads as (kReduceX, kReduceY), x walking
+// the float4 groups of a partial row (ldw / 4), y the 4 * d rows (g * d + o); the blocks with by == 0 also
+// reduce grad_bias.
 // The blocks after them make one adjoint tile each (job). vec_out: c % 4 == 0 and out aligned to 4
 // elements, so each float4 group is one aligned vector store. Launched with programmatic dependent
 // launch (eq_pdl.cuh): it waits for the kernel that wrote the partials before touching global memory.
@@ -159,8 +165,7 @@ template <class TOut>
 __global__ void __launch_bounds__(kReduceX * kReduceY)
 reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, TOut* __restrict__ out,
               TOut* __restrict__ out_bias, int S, int S_bias, int c, int d, int ldw, float s_real,
-              float s_cplx, bool vec_out, int rgx, int rgy, int o_last, int S_last, int S_bias_last,
-              AdjointJob job) {
+              float s_cplx, bool vec_out, int rgx, int rgy, LastTile last, AdjointJob job) {
   pdl_wait();
   const int tid = threadIdx.x;
   const int64_t b = blockIdx.x;
@@ -178,7 +183,7 @@ reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, T
   for (int row = by * kReduceY + ty; row < rows; row += rgy * kReduceY) {
     const int g = row / d;
     const float sc = (g == 0 || g == 3) ? s_real : s_cplx;
-    const int Sr = row - g * d < o_last ? S : S_last;
+    const int Sr = row - g * d < last.o_last ? S : last.S;
     for (int c4 = bx * kReduceX + tx; c4 < n_row4; c4 += rgx * kReduceX) {
       const int ci = 4 * c4;
       const float* p = ws + int64_t(row) * ldw + ci;
@@ -208,7 +213,7 @@ reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, T
   if (out_bias != nullptr && by == 0) {
     for (int o = bx * (kReduceX * kReduceY) + tid; o < d; o += rgx * kReduceX * kReduceY) {
       float s = ws_bias[o];
-      const int Sb = o >= o_last ? S_bias_last : S_bias;
+      const int Sb = o >= last.o_last ? last.S_bias : S_bias;
       for (int z = 1; z < Sb; ++z) s += ws_bias[int64_t(z) * d + o];
       out_bias[o] = from_float<TOut>(s);
     }
@@ -216,11 +221,7 @@ reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, T
 }
 
 // Launches reduce_kernel with enough blocks to keep the memory system busy (a pure stream), and with job's
-// adjoint tiles when job.adj != nullptr. S_bias: the bias partials, S when 0. last: reduce_kernel's o_last,
-// S_last and S_bias_last (default: every row takes S).
-struct LastTile {
-  int o_last = 0x7fffffff, S = 0, S_bias = 0;
-};
+// adjoint tiles when job.adj != nullptr. S_bias: the bias partials, S when 0.
 
 template <class TOut>
 cudaError_t launch_reduce(const float* ws, const float* ws_bias, TOut* out, TOut* out_bias, int S, int c,
@@ -233,7 +234,7 @@ cudaError_t launch_reduce(const float* ws, const float* ws_bias, TOut* out, TOut
   const bool vec_out = c % 4 == 0 && reinterpret_cast<uintptr_t>(out) % (4 * sizeof(TOut)) == 0;
   return launch_maybe_pdl(dim3(unsigned(blocks)), dim3(kReduceX * kReduceY), 0, stream, reduce_kernel<TOut>, ws,
                           ws_bias, out, out_bias, S, S_bias > 0 ? S_bias : S, c, d, ldw, s_real, s_cplx, vec_out,
-                          int(rgx), int(rgy), last.o_last, last.S, last.S_bias, job);
+                          int(rgx), int(rgy), last, job);
 }
 
 }  // namespace split
