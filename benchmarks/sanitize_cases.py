@@ -18,10 +18,10 @@ SHAPES += [(5000, 40, 200), (20000, 3, 200)]  # FP32 tiled: more tiles than bloc
 # three-product GEMM form), wgrad (the 16-bit weight gradient on shapes of its Hopper kernel), mlp (the
 # Hopper kernel's GELU epilogue), cast (an FP32 x under autocast: eq_linear_fwd_cast and the FP32 grad_x
 # of the Hopper kernel), wgrad-normal / wgrad-swapped (one operand role of wgrad's), hopper (the Hopper
-# forward alone, its clusters forced; not in the default list);
+# forward alone, its clusters forced; not in the default list), split3 (a layer's output in three parts);
 # "quick": the weight-gradient sets without their largest shapes (racecheck runs each launch ~100x
 # slower).
-DIRECTIONS = sys.argv[1:] or ["fwd", "bwd", "dft", "tiles", "gemm", "gauss", "wgrad", "mlp", "cast"]
+DIRECTIONS = sys.argv[1:] or ["fwd", "bwd", "dft", "tiles", "gemm", "gauss", "wgrad", "mlp", "cast", "split3"]
 BWD_SHAPES = SHAPES + [(5000, 48, 59), (3000, 64, 128)]
 if "quick" in DIRECTIONS:
     BWD_SHAPES = [s for s in BWD_SHAPES if s[0] <= 5000]
@@ -222,6 +222,27 @@ for dtype in (torch.float16, torch.bfloat16) if "cast" in DIRECTIONS else ():
             with env_switch("FLASH_EQLINEAR_SM90", sm90):
                 gx, _, _ = torch.ops.flash_eqlinear.eq_linear_bwd(gy, xl, p, True, False, False, False, True)
             assert gx.dtype == torch.float32 and rel_err(gx, want) < TOL[dtype], ("cast gx", M, c, d, sm90)
+# A layer's output in three parts (eq_linear_fwd_split3) and the backward from three part gradients: the
+# Hopper forward writing the parts (clusters of two at d = 768), grad_x reading them (three x maps), the
+# weight gradient reading them as either operand (FLASH_EQLINEAR_WGRAD_SWAP); d / 3 = 48: joined or copied
+# where a part is not whole tiles; an FP32 x (the cast and its FP32 grad_x).
+SPLIT_SHAPES = [(1000, 192, 576), (300, 256, 768), (129, 48, 144), (700, 64, 192)]
+fwd3, bwd3 = torch.ops.flash_eqlinear.eq_linear_fwd_split3, torch.ops.flash_eqlinear.eq_linear_bwd_split3
+for dtype in (torch.float16, torch.bfloat16) if "split3" in DIRECTIONS else ():
+    for M, c, d in SPLIT_SHAPES:
+        x, planes, b = layer(M, c, d, dtype)
+        y = torch.cat(fwd3(x, planes, b)[:3], 1)
+        assert rel_err(y, fp64_forward(x, planes, b)) < TOL[dtype], ("split3", dtype, M, c, d)
+        gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
+        want = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double())
+        for swap in ("0", "1"):
+            with env_switch("FLASH_EQLINEAR_WGRAD_SWAP", swap):
+                got = bwd3(*gy.chunk(3, 1), x, planes, True, True, True)
+            for g, r in zip(got, want, strict=True):
+                assert rel_err(g, r) < TOL[dtype], ("bwd split3", dtype, M, c, d, swap)
+        xl = fwd3(x.float(), planes, b)[3]
+        gx = bwd3(*gy.chunk(3, 1), xl, planes, True, False, False, True)[0]
+        assert gx.dtype == torch.float32 and rel_err(gx, want[0]) < TOL[dtype], ("split3 cast", M, c, d)
 # Group DFT alone (its shared-memory column-sum reduction; each channels-per-thread width).
 for dtype in (torch.float32, torch.float16, torch.bfloat16) if "dft" in DIRECTIONS else ():
     for M, n in [(1, 1), (129, 59), (33, 6), (4097, 64), (3001, 300), (20000, 2), (5000, 48)]:

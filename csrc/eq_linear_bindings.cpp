@@ -268,12 +268,19 @@ bool hopper_takes_products(const at::Tensor& t, int64_t cd) {
 // y = GELU(the product). y may be FP32 (without xf and gelu): the product stored unrounded.
 bool fwd_sm90_16bit(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
                     const at::Tensor& xf = at::Tensor(), float xf_scale = 1.f, const at::Tensor& xf_sums = at::Tensor(),
-                    bool gelu = false) {
+                    bool gelu = false, at::TensorList x_more = {}, at::TensorList y_more = {}) {
   const int64_t M = x.size(0), n = planes.size(1), k = planes.size(2);
   if (M == 0) return true;
   FwdParams p{x.data_ptr(), planes.data_ptr(), bias.defined() ? bias.data_ptr() : nullptr, y.data_ptr(), M, k, n};
   p.gelu = gelu;
   p.y_f32 = y.scalar_type() == at::kFloat;
+  // x and / or y in parts (FwdParams::x_parts, y_parts): x, y are the first, x_more, y_more the others
+  p.x_parts = 1 + static_cast<int>(x_more.size());
+  p.y_parts = 1 + static_cast<int>(y_more.size());
+  if (x_more.size() > 0) p.x1 = x_more[0].data_ptr();
+  if (x_more.size() > 1) p.x2 = x_more[1].data_ptr();
+  if (y_more.size() > 0) p.y1 = y_more[0].data_ptr();
+  if (y_more.size() > 1) p.y2 = y_more[1].data_ptr();
   if (xf.defined()) {
     p.xf = xf.data_ptr();
     p.xf_scale = xf_scale;
@@ -521,8 +528,11 @@ std::tuple<at::Tensor, at::Tensor> eq_linear_fwd_xf(const at::Tensor& x, const a
 // Weight gradients: x (M, 4c), grad_y (M, 4d) -> (grad_planes (4, d, c), grad_bias (d,)), in the
 // inputs' dtype (float32, float16 or bfloat16). With adj_of (planes (4, d, c), contiguous, of that dtype), the
 // same launches also make its adjoint planes (4, c, d) for grad_x (eq_adjoint_planes) into *adj.
+// gy_more (fp16 / bf16): grad_y's further parts (BwdWeightParams::gy_parts), grad_y being the first; where the
+// kernels do not take them, nothing runs and *unsupported is set (the caller joins the parts).
 std::tuple<at::Tensor, at::Tensor> weight_grads(const at::Tensor& x, const at::Tensor& grad_y,
-                                                const at::Tensor* adj_of = nullptr, at::Tensor* adj = nullptr) {
+                                                const at::Tensor* adj_of = nullptr, at::Tensor* adj = nullptr,
+                                                at::TensorList gy_more = {}, bool* unsupported = nullptr) {
   TORCH_CHECK(x.is_cuda() && grad_y.is_cuda() && x.device() == grad_y.device(),
               "eq_linear_bwd_weight: x and grad_y must be CUDA tensors on one device, got ",
               x.device().str(), " and ", grad_y.device().str());
@@ -545,7 +555,8 @@ std::tuple<at::Tensor, at::Tensor> weight_grads(const at::Tensor& x, const at::T
     return u;
   };
   const at::Tensor xc = prepared(x), gc = prepared(grad_y);
-  const int64_t M = x.size(0), c = x.size(1) / 4, d = grad_y.size(1) / 4;
+  const int64_t parts = 1 + static_cast<int64_t>(gy_more.size());
+  const int64_t M = x.size(0), c = x.size(1) / 4, d = grad_y.size(1) / 4 * parts;
   at::Tensor grad_planes = at::empty({4, d, c}, x.options());
   at::Tensor grad_bias = at::empty({d}, x.options());
   const size_t ws_bytes = eq_linear_bwd_weight_workspace_bytes(M, c, d, static_cast<int>(x.element_size()),
@@ -559,12 +570,19 @@ std::tuple<at::Tensor, at::Tensor> weight_grads(const at::Tensor& x, const at::T
     p.planes = adj_of->data_ptr();
     p.adj = adj->data_ptr();
   }
+  p.gy_parts = static_cast<int>(parts);
+  if (parts > 1) p.gy1 = gy_more[0].data_ptr();
+  if (parts > 2) p.gy2 = gy_more[1].data_ptr();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   cudaError_t err;
   switch (dtype) {
     case at::kFloat: err = eq_linear_bwd_weight_fp32(p, stream); break;
     case at::kHalf: err = eq_linear_bwd_weight_fp16(p, stream); break;
     default: err = eq_linear_bwd_weight_bf16(p, stream); break;
+  }
+  if (err == cudaErrorNotSupported && parts > 1 && unsupported != nullptr) {  // nothing was launched
+    *unsupported = true;
+    return {};
   }
   TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd_weight: kernel launch failed (M=", num(M), ", c=", num(c),
               ", d=", num(d), ", ", c10::toString(dtype), "): ", cudaGetErrorString(err));
@@ -599,6 +617,17 @@ std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool inp
 // grad_y's planes [g0 | g2 | gR | gI] (M, 4d) into *gf and g0's partial column sums in FP32 into *g0_sums
 // (else both stay undefined). With f32 (fp16 / bf16 grad_y, not the GEMM form), grad_x is FP32 (fwd's
 // f32_out). adj_made: the adjoint planes if made already (weight_grads), else undefined.
+// The adjoint planes (4, c, d) of planes (4, d, c): one kernel (transposed, PI negated).
+at::Tensor adjoint_planes(const at::Tensor& planes) {
+  const at::Tensor pc = planes.contiguous();
+  const int64_t d = pc.size(1), c = pc.size(2);
+  at::Tensor adj = at::empty({4, c, d}, planes.options());
+  const cudaError_t err = eq_adjoint_planes(pc.data_ptr(), adj.data_ptr(), d, c, static_cast<int>(pc.element_size()),
+                                            at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: adjoint planes failed: ", cudaGetErrorString(err));
+  return adj;
+}
+
 std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor& planes, bool gemm_ok, bool f32,
                                          at::Tensor* gf = nullptr, at::Tensor* g0_sums = nullptr,
                                          const at::Tensor& adj_made = at::Tensor()) {
@@ -607,15 +636,7 @@ std::pair<at::Tensor, bool> grad_x_fused(const at::Tensor& gy, const at::Tensor&
   // (No Hopper kernel to try on other devices or with FLASH_EQLINEAR_SM90=0: no adjoint copy.)
   if (may_gemm && !hopper_takes_products(gy, c * d)) return {at::Tensor(), true};
   check_device_supported(gy);
-  // The adjoint planes (4, c, d): one kernel (transposed, PI negated), unless made already.
-  at::Tensor adj = adj_made;
-  if (!adj.defined()) {
-    const at::Tensor pc = planes.contiguous();
-    adj = at::empty({4, c, d}, planes.options());
-    const cudaError_t err = eq_adjoint_planes(pc.data_ptr(), adj.data_ptr(), d, c,
-                                              static_cast<int>(pc.element_size()), at::cuda::getCurrentCUDAStream());
-    TORCH_CHECK(err == cudaSuccess, "eq_linear_bwd: adjoint planes failed: ", cudaGetErrorString(err));
-  }
+  const at::Tensor adj = adj_made.defined() ? adj_made : adjoint_planes(planes);
   if (!may_gemm) return {fwd(gy, adj, std::nullopt, false, "eq_linear_fwd", f32), false};
   at::Tensor gx = at::empty({M, 4 * c}, gy.options());
   const bool write = gf != nullptr && M > 0;
@@ -691,17 +712,21 @@ void bwd_from_planes(const at::Tensor& gy, const at::Tensor& gf_made, const at::
 }
 
 // The backward ops' argument checks: grad_y (M, 4d), t (M, 4c) (x or its planes, named tname) and planes
-// (4, d, c), on one CUDA device, of one dtype among float32, float16, bfloat16; `what` names the op.
+// (4, d, c), on one CUDA device, of one dtype among float32, float16, bfloat16; `what` names the op. With
+// parts > 1, grad_y is one of that many column blocks (M, 4d / parts).
 void check_bwd_args(const at::Tensor& grad_y, const at::Tensor& t, const at::Tensor& planes, const char* what,
-                    const char* tname) {
+                    const char* tname, int64_t parts = 1) {
   const std::string op = what;
   TORCH_CHECK(planes.dim() == 3 && planes.size(0) == 4, op, ": planes must have shape (4, d, c), got ",
               shape(planes.sizes()));
   const int64_t d = planes.size(1), c = planes.size(2);
+  TORCH_CHECK(d % parts == 0, op, ": d = ", num(d), " output channels per group copy do not split into ",
+              num(parts), " parts");
+  const int64_t gw = 4 * d / parts;
   TORCH_CHECK(t.dim() == 2 && grad_y.dim() == 2 && t.size(0) == grad_y.size(0) && t.size(1) == 4 * c &&
-                  grad_y.size(1) == 4 * d,
-              op, ": want grad_y (M, ", num(4 * d), "), ", tname, " (M, ", num(4 * c), ") for planes ",
-              shape(planes.sizes()), ", got ", shape(grad_y.sizes()), ", ", shape(t.sizes()));
+                  grad_y.size(1) == gw,
+              op, ": want grad_y", parts > 1 ? " parts" : "", " (M, ", num(gw), "), ", tname, " (M, ", num(4 * c),
+              ") for planes ", shape(planes.sizes()), ", got ", shape(grad_y.sizes()), ", ", shape(t.sizes()));
   TORCH_CHECK(grad_y.is_cuda() && t.device() == grad_y.device() && planes.device() == grad_y.device(), op,
               ": grad_y, ", tname, " and planes must be on one CUDA device, got ", grad_y.device().str(), ", ",
               t.device().str(), ", ", planes.device().str());
@@ -766,6 +791,98 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd_xf(const at::Tensor
   return bwd(grad_y, xf, planes, needs_x, needs_p, needs_b, true, true, false);
 }
 
+// ---- A layer's output in three parts (an attention's q, k, v) ----------------------------------------------
+// Whether a 16-bit layer (x (M, 4k) -> (M, 4n)) goes to the Hopper kernel (as fwd routes it), which takes x
+// and y in parts.
+bool hopper_16bit_takes(const at::Tensor& x, int64_t M, int64_t k, int64_t n) {
+  if (x.scalar_type() == at::kFloat || products_form() == ProductsForm::kGemm || !hopper_kernels_may_run(x))
+    return false;
+  const FwdParams p{nullptr, nullptr, nullptr, nullptr, M, k, n};
+  return !eq_linear_fwd_narrow_applies(p, static_cast<int>(x.element_size()), false);
+}
+
+// eq_linear_fwd with its output y (M, 4d) as its three column blocks y0, y1, y2 (M, 4d / 3) in tensors of
+// their own (d % 3 == 0), written in place by the Hopper kernel where it runs (else y is made, then copied):
+// consumers that take the parts, e.g. SDPA's q, k, v, then give their gradients back as three dense tensors,
+// which eq_linear_bwd_split3 reads where they are. x as eq_linear_fwd takes it, or FP32 with fp16 / bf16
+// planes, rounded first as eq_linear_fwd_cast does; x_low: that rounded x (what the backward takes), else an
+// empty (0,) tensor.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> eq_linear_fwd_split3(const at::Tensor& x,
+                                                                              const at::Tensor& planes,
+                                                                              const std::optional<at::Tensor>& bias) {
+  const char* what = "eq_linear_fwd_split3";
+  TORCH_CHECK(x.is_cuda(), what, ": x must be a CUDA tensor, got one on ", x.device().str());
+  const auto low = planes.scalar_type();
+  const bool cast = x.scalar_type() == at::kFloat && (low == at::kHalf || low == at::kBFloat16);
+  const at::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xl = cast ? x.to(x.options().dtype(low), false, false, at::MemoryFormat::Contiguous) : x;
+  const at::Tensor b = checked_fwd_args(xl, planes, bias, what);
+  const int64_t M = x.size(0), d = planes.size(1), c = planes.size(2);
+  TORCH_CHECK(d % 3 == 0, what, ": d = ", num(d), " output channels per group copy do not split into three parts");
+  const int64_t w = 4 * d / 3;
+  const at::Tensor y0 = at::empty({M, w}, xl.options()), y1 = at::empty({M, w}, xl.options()),
+                   y2 = at::empty({M, w}, xl.options());
+  const at::Tensor x_low = cast ? xl : at::empty({0}, xl.options());
+  const std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> out{y0, y1, y2, x_low};
+  if (M == 0) return out;
+  const at::Tensor xc = xl.contiguous(), pc = planes.contiguous();
+  at::Tensor y = y0;
+  if (hopper_16bit_takes(xc, M, c, d) &&
+      fwd_sm90_16bit(xc, pc, b, y, at::Tensor(), 1.f, at::Tensor(), false, {}, {y1, y2}))
+    return out;
+  const at::Tensor full = fwd(xc, pc, b, false, what);
+  y0.copy_(full.narrow(1, 0, w));
+  y1.copy_(full.narrow(1, w, w));
+  y2.copy_(full.narrow(1, 2 * w, w));
+  return out;
+}
+
+// The backward of eq_linear_fwd_split3 with the fused weight gradient (eq_linear_bwd with gemm = false), grad_y
+// given as its three parts gy0, gy1, gy2 (M, 4d / 3): the Hopper kernels read them where they are; elsewhere
+// they are joined first. x as the forward's kernel took it (x_low where it rounded x).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd_split3(const at::Tensor& gy0, const at::Tensor& gy1,
+                                                                    const at::Tensor& gy2, const at::Tensor& x,
+                                                                    const at::Tensor& planes, bool needs_x,
+                                                                    bool needs_p, bool needs_b, bool grad_x_fp32) {
+  const char* what = "eq_linear_bwd_split3";
+  for (const at::Tensor* g : {&gy0, &gy1, &gy2}) check_bwd_args(*g, x, planes, what, "x", 3);
+  const int64_t M = x.size(0), c = planes.size(2), d = planes.size(1);
+  const at::cuda::CUDAGuard guard(gy0.device());
+  check_device_supported(gy0);
+  const auto ready = [](const at::Tensor& t) {  // contiguous, 16-byte aligned (the Hopper kernels' TMA)
+    const at::Tensor u = t.contiguous();
+    return reinterpret_cast<uintptr_t>(u.data_ptr()) % 16 == 0 ? u : u.clone();
+  };
+  const at::Tensor g0 = ready(gy0), g1 = ready(gy1), g2 = ready(gy2);
+  at::Tensor gy;  // the parts joined, where a kernel needs that
+  const auto joined = [&]() -> const at::Tensor& {
+    if (!gy.defined()) gy = at::cat({g0, g1, g2}, 1);
+    return gy;
+  };
+  const auto none = [&] { return at::empty({0}, g0.options()); };
+  at::Tensor gx = none(), gp = none(), gb = none(), adj;
+  const at::Tensor pc = planes.contiguous();
+  if (needs_p || needs_b) {  // first, as in bwd: its reduce kernel makes grad_x's adjoint planes
+    bool unsupported = false;
+    auto grads = weight_grads(x, g0, needs_x ? &pc : nullptr, needs_x ? &adj : nullptr, {g1, g2}, &unsupported);
+    if (unsupported) grads = weight_grads(x, joined(), needs_x ? &pc : nullptr, needs_x ? &adj : nullptr);
+    if (needs_p) gp = std::get<0>(grads);
+    if (needs_b) gb = std::get<1>(grads);
+  }
+  if (needs_x) {
+    const bool f32 = grad_x_fp32 && g0.scalar_type() != at::kFloat;
+    bool done = false;
+    if (hopper_16bit_takes(g0, M, d, c)) {
+      if (!adj.defined()) adj = adjoint_planes(pc);
+      gx = at::empty({M, 4 * c}, g0.options().dtype(f32 ? at::kFloat : g0.scalar_type()));
+      done = fwd_sm90_16bit(g0, adj, at::Tensor(), gx, at::Tensor(), 1.f, at::Tensor(), false, {g1, g2});
+    }
+    if (!done) gx = grad_x_fused(joined(), planes, false, f32, nullptr, nullptr, adj).first;
+    if (grad_x_fp32) gx = gx.to(at::kFloat);
+  }
+  return {gx, gp, gb};
+}
+
 }  // namespace
 
 // Every op takes its tensors in any layout (it makes them contiguous and, where a kernel needs it, aligned,
@@ -790,6 +907,10 @@ TORCH_LIBRARY(flash_eqlinear, m) {
         kAnyLayout);
   m.def("eq_linear_fwd_gelu(Tensor x, Tensor planes, Tensor? bias) -> Tensor", kAnyLayout);
   m.def("eq_linear_fwd_cast(Tensor x, Tensor planes, Tensor? bias) -> (Tensor, Tensor)", kAnyLayout);
+  m.def("eq_linear_fwd_split3(Tensor x, Tensor planes, Tensor? bias) -> (Tensor, Tensor, Tensor, Tensor)", kAnyLayout);
+  m.def("eq_linear_bwd_split3(Tensor gy0, Tensor gy1, Tensor gy2, Tensor x, Tensor planes, bool needs_x, "
+        "bool needs_p, bool needs_b, bool grad_x_fp32=False) -> (Tensor, Tensor, Tensor)",
+        kAnyLayout);
 }
 
 TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
@@ -801,6 +922,8 @@ TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
   m.impl("eq_linear_bwd_xf", &eq_linear_bwd_xf);
   m.impl("eq_linear_fwd_gelu", &eq_linear_fwd_gelu);
   m.impl("eq_linear_fwd_cast", &eq_linear_fwd_cast);
+  m.impl("eq_linear_fwd_split3", &eq_linear_fwd_split3);
+  m.impl("eq_linear_bwd_split3", &eq_linear_bwd_split3);
 }
 
 }  // namespace flash_eqlinear

@@ -46,6 +46,14 @@ struct BwdWeightParams {
   // planes of planes (4, d, c) (eq_adjoint_planes), in spare blocks of the reduce kernel where one runs.
   const void* planes = nullptr;
   void* adj = nullptr;
+  // Optional, fp16 / bf16 where the Hopper kernel runs (else cudaErrorNotSupported, nothing launched):
+  // grad_y in gy_parts (1 .. 3) column blocks of whole channels held by separate tensors, [gy | gy1 | gy2],
+  // each (M, d / gy_parts, 4), contiguous and 16-byte aligned (the gradients of a layer whose output went
+  // to several consumers, e.g. an attention's q, k, v, read where they are). d / gy_parts must be a
+  // multiple of 64 (16 where the Hopper kernel keeps grad_y as its A operand).
+  int gy_parts = 1;
+  const void* gy1 = nullptr;
+  const void* gy2 = nullptr;
 };
 
 // Workspace (bytes) that eq_linear_bwd_weight_<elem> needs for these sizes on CUDA device `device`

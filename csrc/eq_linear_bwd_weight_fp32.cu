@@ -378,6 +378,7 @@ size_t eq_linear_bwd_weight_fp32_workspace_bytes(int64_t M, int64_t c, int64_t d
 }
 
 cudaError_t eq_linear_bwd_weight_fp32(const BwdWeightParams& p, cudaStream_t stream) {
+  if (p.gy_parts != 1) return cudaErrorNotSupported;  // (grad_y in parts: the Hopper kernel only)
   if (!sizes_ok(p.M, p.c, p.d)) return cudaErrorInvalidValue;
   if (p.grad_planes == nullptr) return cudaErrorInvalidValue;
   float* const out = static_cast<float*>(p.grad_planes);

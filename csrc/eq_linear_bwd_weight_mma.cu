@@ -406,6 +406,12 @@ cudaError_t bwd_weight_mma(const BwdWeightParams& p, cudaStream_t stream) {
   const Choice ch = choose(p.M, p.c, p.d, info, dev);
   const split::Plan& plan = ch.plan;
   if (plan.S < 1) return cudaErrorInvalidConfiguration;
+  if (p.gy_parts != 1) {  // grad_y in parts: the Hopper kernel only, each part whole TMA boxes
+    const bool ok = ch.sm90 && (p.gy_parts == 2 || p.gy_parts == 3) &&
+                    p.d % (p.gy_parts * eq_bwd_weight_sm90_gy_part_unit(ch.swap)) == 0 && aligned16(p.gy1) &&
+                    (p.gy_parts == 2 || aligned16(p.gy2));
+    if (!ok) return cudaErrorNotSupported;
+  }
   const size_t need = split::workspace_bytes(plan, true, p.c, p.d, ch.bias_parts);
   if (p.workspace == nullptr || p.workspace_bytes < need || !aligned16(p.workspace)) return cudaErrorInvalidValue;
 
@@ -423,8 +429,9 @@ cudaError_t bwd_weight_mma(const BwdWeightParams& p, cudaStream_t stream) {
 
   const bool fast = p.c % 2 == 0 && p.d % 2 == 0;
   if (ch.sm90) {
-    const BwdWeightSm90Args a{p.x, p.gy, kp.ws, kp.ws_bias, p.M, plan.chunk_rows, kp.c, kp.d, kp.ldw, plan.S,
-                              ch.swap, plan.S_last, plan.chunk_rows_last};
+    const BwdWeightSm90Args a{p.x,    p.gy,        kp.ws,  kp.ws_bias,           p.M,        plan.chunk_rows,
+                              kp.c,   kp.d,        kp.ldw, plan.S,               ch.swap,    plan.S_last,
+                              plan.chunk_rows_last, p.gy_parts, {p.gy1, p.gy2}};
     err = std::is_same_v<T, __half> ? eq_bwd_weight_sm90_fp16(a, stream) : eq_bwd_weight_sm90_bf16(a, stream);
   } else if (use_bk32(info))
     err = fast ? launch<T, WCfg32, true>(kp, plan, stream) : launch<T, WCfg32, false>(kp, plan, stream);

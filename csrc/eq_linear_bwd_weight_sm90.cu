@@ -105,6 +105,7 @@ struct KParams {
   int na;        // channels of the A operand (grad_y's d; with kSwap x's c)
   int ga, gb;    // A tiles, B tiles
   int S, S_last; // row chunks of the A tiles but the last, of the last (BwdWeightSm90Args)
+  int g_part;    // grad_y's channels per part (BwdWeightSm90Args::gy_parts; d: one part)
 };
 
 // A block's tile and rows. The grid is 1-D: (ga - 1) * gb * S blocks for the A tiles but the last (A tile
@@ -338,10 +339,12 @@ __device__ __forceinline__ void consume(const KParams& p, const Tile& tile, uint
   }
 }
 
-// tm_gy / tm_x: the A / B operands' maps (grad_y / x; with kSwap x / grad_y).
+// tm_gy / tm_x: the A / B operands' maps (grad_y / x; with kSwap x / grad_y); tm_g1 / tm_g2: grad_y's
+// parts 1 and 2 (BwdWeightSm90Args::gy_parts; that map is part 0).
 template <class T, bool kSwap>
 __global__ void __launch_bounds__(kThreads, 1)
 eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __grid_constant__ CUtensorMap tm_x,
+                          const __grid_constant__ CUtensorMap tm_g1, const __grid_constant__ CUtensorMap tm_g2,
                           const KParams p) {
 #ifdef FLASH_EQLINEAR_WGMMA
   extern __shared__ unsigned char smem_raw[];
@@ -387,16 +390,27 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
       tma_prefetch_desc(&tm_gy);
       tma_prefetch_desc(&tm_x);
       const int o0 = tile.a * kBD, c0 = tile.b * kBC;
+      // The map of grad_y's part that holds channel ch (a part holds whole boxes), and ch's column there.
+      const auto gy_box = [&](const CUtensorMap* part0, int ch, int& col) {
+        const int q = (ch >= p.g_part) + (ch >= 2 * p.g_part);
+        col = (ch - q * p.g_part) * 4;
+        return q == 0 ? part0 : q == 1 ? &tm_g1 : &tm_g2;
+      };
       for (int kt = 0; kt < KT; ++kt) {
         const int row = static_cast<int>(mb) + kt * kBK;  // < 2^31: the host bounds M
         const int sg = kt % kGyStages, sx = kt % kXStages;
         if (kt >= kGyStages) mbar_wait(bar.gy_empty + 8 * sg, ((kt / kGyStages) - 1) & 1);
         mbar_arrive_expect_tx(bar.gy_full + 8 * sg, consumer_warps * kGyBox);
-        for (int b = 0; b < consumer_warps; ++b)  // box b: o rows 16 b .. 16 b + 15, consumer warp b's
-          tma_load_2d(base + sg * kGyBytes + b * kGyBox, &tm_gy, (o0 + 16 * b) * 4, row, bar.gy_full + 8 * sg);
+        for (int b = 0; b < consumer_warps; ++b) {  // box b: o rows 16 b .. 16 b + 15, consumer warp b's
+          int col = (o0 + 16 * b) * 4;
+          const CUtensorMap* const m = kSwap ? &tm_gy : gy_box(&tm_gy, o0 + 16 * b, col);
+          tma_load_2d(base + sg * kGyBytes + b * kGyBox, m, col, row, bar.gy_full + 8 * sg);
+        }
         if (kt >= kXStages) mbar_wait(bar.x_empty + 8 * sx, ((kt / kXStages) - 1) & 1);
         mbar_arrive_expect_tx(bar.x_full + 8 * sx, kXBytes);
-        tma_load_2d(base + kXOff + sx * kXBytes, &tm_x, c0 * 4, row, bar.x_full + 8 * sx);
+        int col = c0 * 4;
+        const CUtensorMap* const m = kSwap ? gy_box(&tm_x, c0, col) : &tm_x;
+        tma_load_2d(base + kXOff + sx * kXBytes, m, col, row, bar.x_full + 8 * sx);
       }
     } else if (threadIdx.x >= 32) {
       transform_x<T, kSwap>(p, tile, base, bar, KT);
@@ -406,7 +420,7 @@ eq_bwd_weight_sm90_kernel(const __grid_constant__ CUtensorMap tm_gy, const __gri
     if (threadIdx.x < 256 || !upper_idle) consume<T, kSwap>(p, tile, base, bar, KT);
   }
 #else
-  (void)tm_gy, (void)tm_x, (void)p;
+  (void)tm_gy, (void)tm_x, (void)tm_g1, (void)tm_g2, (void)p;
   __trap();
 #endif
 }
@@ -418,16 +432,26 @@ cudaError_t launch(const BwdWeightSm90Args& a, cudaStream_t stream) {
   const void* const pa = kSwap ? a.x : a.gy;
   const void* const pb = kSwap ? a.gy : a.x;
   const int64_t na = kSwap ? a.c : a.d, nb = kSwap ? a.d : a.c;
-  CUtensorMap tm_a, tm_b;
-  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(4 * na), static_cast<cuuint64_t>(a.M)};
-  const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(4 * kE) * na};
+  const int64_t d_part = a.d / a.gy_parts;  // grad_y's row: the part's width
+  const int64_t wa = kSwap ? na : d_part, wb = kSwap ? d_part : nb;
+  CUtensorMap tm_a, tm_b, tm_g[2];
+  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(4 * wa), static_cast<cuuint64_t>(a.M)};
+  const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(4 * kE) * wa};
   const cuuint32_t a_box[2] = {64, kBK};  // 16 channels x 4 group values: 128 bytes
-  const cuuint64_t b_dims[2] = {static_cast<cuuint64_t>(4 * nb), static_cast<cuuint64_t>(a.M)};
-  const cuuint64_t b_strides[1] = {static_cast<cuuint64_t>(4 * kE) * nb};
+  const cuuint64_t b_dims[2] = {static_cast<cuuint64_t>(4 * wb), static_cast<cuuint64_t>(a.M)};
+  const cuuint64_t b_strides[1] = {static_cast<cuuint64_t>(4 * kE) * wb};
   const cuuint32_t b_box[2] = {4 * kBC, kBK};  // 64 channels x 4 group values: 512 bytes
   if (!encode(&tm_a, pa, kE, 2, a_dims, a_strides, a_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
       !encode(&tm_b, pb, kE, 2, b_dims, b_strides, b_box, CU_TENSOR_MAP_SWIZZLE_NONE))
     return cudaErrorInvalidValue;
+  tm_g[0] = tm_g[1] = kSwap ? tm_b : tm_a;  // (unused with fewer parts)
+  for (int q = 1; q < a.gy_parts; ++q) {
+    const bool ok = kSwap ? encode(&tm_g[q - 1], a.gy_part[q - 1], kE, 2, b_dims, b_strides, b_box,
+                                   CU_TENSOR_MAP_SWIZZLE_NONE)
+                          : encode(&tm_g[q - 1], a.gy_part[q - 1], kE, 2, a_dims, a_strides, a_box,
+                                   CU_TENSOR_MAP_SWIZZLE_128B);
+    if (!ok) return cudaErrorInvalidValue;
+  }
   auto kernel = eq_bwd_weight_sm90_kernel<T, kSwap>;
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (e != cudaSuccess) return e;
@@ -438,8 +462,9 @@ cudaError_t launch(const BwdWeightSm90Args& a, cudaStream_t stream) {
   if (a.S < 1 || S_last < 1 || S_last > a.S || blocks > 0x7fffffff || (kSwap && S_last != a.S))
     return cudaErrorInvalidConfiguration;
   KParams kp{a.ws, a.ws_bias, a.M, a.chunk_rows, chunk_last, a.c, a.d, a.ldw, static_cast<int>(na),
-             static_cast<int>(grid_a), static_cast<int>(grid_b), a.S, S_last};
-  return launch_maybe_pdl(dim3(unsigned(blocks)), dim3(kThreads), kSmem, stream, kernel, tm_a, tm_b, kp);
+             static_cast<int>(grid_a), static_cast<int>(grid_b), a.S, S_last, static_cast<int>(d_part)};
+  return launch_maybe_pdl(dim3(unsigned(blocks)), dim3(kThreads), kSmem, stream, kernel, tm_a, tm_b, tm_g[0], tm_g[1],
+                          kp);
 }
 
 template <class T>

@@ -24,7 +24,15 @@ struct BwdWeightSm90Args {
   // chunk_rows_last rows. Not with swap.
   int S_last = 0;
   int64_t chunk_rows_last = 0;
+  // grad_y in gy_parts (1 .. 3) column blocks of d / gy_parts channels: gy and gy_part[0 .. gy_parts - 2],
+  // each (M, d / gy_parts, 4), 16-byte aligned; d / gy_parts a multiple of eq_bwd_weight_sm90_gy_part_unit.
+  int gy_parts = 1;
+  const void* gy_part[2] = {nullptr, nullptr};
 };
+
+// The channels a part of grad_y must be a multiple of (one TMA box of the grad_y operand: 16 as the A
+// operand, 64 as the B operand with swapped roles).
+constexpr int64_t eq_bwd_weight_sm90_gy_part_unit(bool swap) { return swap ? 64 : 16; }
 
 // The tile as the split plan models it: 128 output x 64 input channels, 32 rows per k tile, one block
 // of 384 threads per SM. The MAC rate is a planning figure (half the dense fp16 peak of an H100 SM).

@@ -48,6 +48,19 @@ struct FwdParams {
   // cudaErrorNotSupported when set): y is FP32 (M, d, 4), the result unrounded, while x, planes and bias
   // are fp16 / bf16 (grad_x of an FP32 input that autocast runs in 16 bits). Not with xf or gelu.
   bool y_f32 = false;
+  // Optional, the fp16 / bf16 Hopper kernel (the other launchers return cudaErrorNotSupported when either
+  // is not 1): x and / or y in parts, column blocks of whole channels held by separate tensors, so that a
+  // layer's output can go straight to several consumers (an attention's q, k, v) and its backward reads
+  // their gradients where they are. x_parts (1 .. 3): x is [x | x1 | x2] (each (M, c / x_parts, 4),
+  // contiguous, 16-byte aligned), c / x_parts a multiple of the kernel's k tile (32 channels); y_parts
+  // (1 .. 3): y is [y | y1 | y2] (each (M, d / y_parts, 4)), d / y_parts a multiple of 64. Where these
+  // do not hold, the Hopper launcher launches nothing.
+  int x_parts = 1;
+  const void* x1 = nullptr;
+  const void* x2 = nullptr;
+  int y_parts = 1;
+  void* y1 = nullptr;
+  void* y2 = nullptr;
 };
 
 // One launch; returns the launch error (cudaSuccess when nothing went wrong). M == 0 is a no-op.

@@ -464,7 +464,7 @@ char forced_tile() {
 }  // namespace
 
 cudaError_t eq_linear_fwd_fp32(const FwdParams& p, cudaStream_t stream) {
-  if (p.gelu || p.y_f32) return cudaErrorNotSupported;
+  if (p.gelu || p.y_f32 || p.x_parts != 1 || p.y_parts != 1) return cudaErrorNotSupported;
   if (p.M < 0 || p.c < 1 || p.d < 1) return cudaErrorInvalidValue;
   if (p.M == 0) return cudaSuccess;
   // Channel indices are int inside the kernel (k0 + BK and n0 + BN must not overflow).

@@ -411,7 +411,7 @@ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <class T>
 cudaError_t eq_linear_fwd_mma(const FwdParams& p, cudaStream_t stream) {
-  if (p.gelu && p.y_f32) return cudaErrorNotSupported;
+  if ((p.gelu && p.y_f32) || p.x_parts != 1 || p.y_parts != 1) return cudaErrorNotSupported;  // (parts: Hopper only)
   if (p.M < 0 || p.c < 1 || p.d < 1) return cudaErrorInvalidValue;  // the header's contract
   if (p.M == 0) return cudaSuccess;
   if (p.c > 0x7fffffff - kBK || p.d > 0x7fffffff - 64) return cudaErrorInvalidValue;

@@ -493,7 +493,7 @@ bool eq_linear_fwd_narrow_applies(const FwdParams& p, int elem_bytes, bool tf32)
 
 cudaError_t eq_linear_fwd_narrow(const FwdParams& p, int elem_bytes, bool bf16, cudaStream_t stream) {
   if (elem_bytes != 2 && elem_bytes != 4) return cudaErrorInvalidValue;
-  if (p.gelu || p.y_f32) return cudaErrorNotSupported;
+  if (p.gelu || p.y_f32 || p.x_parts != 1 || p.y_parts != 1) return cudaErrorNotSupported;
   if (p.M < 0 || p.c < 1 || p.d < 1 || p.c > max_channels(elem_bytes) || p.d > max_channels(elem_bytes))
     return cudaErrorInvalidValue;
   if (p.x == nullptr || p.planes == nullptr || p.y == nullptr) return cudaErrorInvalidValue;

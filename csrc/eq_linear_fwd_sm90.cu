@@ -109,12 +109,16 @@ static_assert(2 * kStages * 8 + 16 <= 1024, "the barriers before the writers' bu
 
 struct Sm90Params {
   const void* bias;  // (d,) or nullptr
-  void* y;           // (M, d, 4)
+  void* y;           // (M, d, 4), or with parts (FwdParams::y_parts) part 0 of y, y1, y2: (M, d_part, 4) each
+  void* y1;
+  void* y2;
   void* xf;          // (M, 4c) or nullptr: FwdParams::xf
   float* xf_sums;    // (3 num_m, c) or nullptr: FwdParams::xf_sums
   float xf_scale;
   int64_t M;
   int c, d, k_tiles, num_m, num_n;
+  int d_part;   // output channels per part of y (d: one part); a multiple of kBN with parts
+  int kt_part;  // k tiles per part of x (FwdParams::x_parts; k_tiles: one part)
   int group_m;  // m tiles per group of the walk (see tile_origin)
   int num_ng;   // n groups: num_n / the cluster size, rounded up
 };
@@ -174,7 +178,6 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
   const int KT = p.k_tiles;
   const T* bias = static_cast<const T*>(p.bias);
   using TOut = std::conditional_t<kF32Out, float, T>;
-  TOut* y = static_cast<TOut*>(p.y);
 
   uint32_t it = 0;  // k tiles consumed so far, over all tiles: stage it % kStages, phase (it / kStages) & 1
   // Releases a stage: to this CTA's producer, and with a cluster to the partner's, which multicasts
@@ -252,6 +255,10 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
     if (lane == 0) release((it - 1) % kStages);  // the tile's last stage
 
     // ---- epilogue ----
+    // The part of y the tile falls in (a part holds whole tiles) and the tile's columns there.
+    const int part = (n0 >= p.d_part) + (n0 >= 2 * p.d_part);
+    TOut* const y = static_cast<TOut*>(part == 0 ? p.y : part == 1 ? p.y1 : p.y2);
+    const int o_part = part * p.d_part;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int o = n0 + 8 * j + 2 * t;
@@ -277,7 +284,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
               out[i][1] = gelu_pair<T>(out[i][1]);
             }
           }
-          *reinterpret_cast<uint4*>(y + (m * p.d + o) * 4) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
+          *reinterpret_cast<uint4*>(y + (m * p.d_part + o - o_part) * 4) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
         } else {  // two 16-byte stores: channels o and o + 1
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
@@ -288,7 +295,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
             else
               r = inverse_dft4_f32(acc[0][j][e], acc[1][j][e], acc[2][j][e], acc[3][j][e], bo[i]);
             if constexpr (kGelu) r = make_float4(gelu_f32(r.x), gelu_f32(r.y), gelu_f32(r.z), gelu_f32(r.w));
-            *reinterpret_cast<float4*>(y + (m * p.d + o + i) * 4) = r;
+            *reinterpret_cast<float4*>(y + (m * p.d_part + o - o_part + i) * 4) = r;
           }
         }
       }
@@ -360,7 +367,8 @@ __device__ __forceinline__ void write_xf(const Sm90Params& p, uint32_t xbuf, uin
 // FP32 y (FwdParams::y_f32).
 template <class T, bool kXf, int kCl = 1, bool kGelu = false, bool kF32Out = false>
 __global__ void __launch_bounds__(kThreads, 1)
-eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_p,
+eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_x1,
+                          const __grid_constant__ CUtensorMap tm_x2, const __grid_constant__ CUtensorMap tm_p,
                           const Sm90Params p) {
 #ifdef FLASH_EQLINEAR_WGMMA
   extern __shared__ unsigned char smem_raw[];
@@ -398,6 +406,10 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
       if constexpr (writes_xf) write_xf<T>(p, xbuf, xfull, xempty, num_tiles);
     } else if (threadIdx.x == 0) {
       tma_prefetch_desc(&tm_x);
+      if (p.kt_part < p.k_tiles) {
+        tma_prefetch_desc(&tm_x1);
+        tma_prefetch_desc(&tm_x2);
+      }
       tma_prefetch_desc(&tm_p);
       uint32_t it = 0;  // k tiles issued so far, over all tiles (wraps harmlessly: kStages divides 2^32)
       uint32_t wi = 0;  // x tiles loaded into the writers' buffer so far
@@ -409,18 +421,22 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
           if (it >= kStages) mbar_wait(empty_bar + 8 * s, ((it / kStages) - 1) & 1);
           const uint32_t st = base + s * kStageBytes, bar = full_bar + 8 * s;
           mbar_arrive_expect_tx(bar, kStageBytes);  // with a cluster, one x sub-tile from the partner
+          // k tile kt's part of x (Sm90Params::kt_part: a part holds whole k tiles), its column there
+          const int xp = (kt >= p.kt_part) + (kt >= 2 * p.kt_part);
+          const CUtensorMap* const mx = xp == 0 ? &tm_x : xp == 1 ? &tm_x1 : &tm_x2;
+          const int xc = (kt - xp * p.kt_part) * kBK<T> * 4;
           if constexpr (kCl == 1) {
-            tma_load_2d(st, &tm_x, kt * kBK<T> * 4, m0, bar);
-            tma_load_2d(st + kXSub, &tm_x, kt * kBK<T> * 4 + 2 * kBK<T>, m0, bar);
+            tma_load_2d(st, mx, xc, m0, bar);
+            tma_load_2d(st + kXSub, mx, xc + 2 * kBK<T>, m0, bar);
           } else {
-            tma_load_2d_multicast(st + rank * kXSub, &tm_x, kt * kBK<T> * 4 + rank * 2 * kBK<T>, m0, bar, 0x3);
+            tma_load_2d_multicast(st + rank * kXSub, mx, xc + rank * 2 * kBK<T>, m0, bar, 0x3);
           }
           tma_load_3d(st + 2 * kXSub, &tm_p, kt * kBK<T>, n0, 0, bar);
           if (writes_xf && kt % p.num_n == n0 / kBN) {  // this block writes k tile kt's planes: a copy
             if (wi > 0) mbar_wait(xempty, (wi - 1) & 1);  // of its x tile for the writers
             mbar_arrive_expect_tx(xfull, 2 * kXSub);
-            tma_load_2d(xbuf, &tm_x, kt * kBK<T> * 4, m0, xfull);
-            tma_load_2d(xbuf + kXSub, &tm_x, kt * kBK<T> * 4 + 2 * kBK<T>, m0, xfull);
+            tma_load_2d(xbuf, mx, xc, m0, xfull);
+            tma_load_2d(xbuf + kXSub, mx, xc + 2 * kBK<T>, m0, xfull);
             ++wi;
           }
         }
@@ -436,7 +452,7 @@ eq_linear_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid
     if constexpr (kCl > 1) cluster_sync();
   }
 #else
-  (void)tm_x, (void)tm_p, (void)p;
+  (void)tm_x, (void)tm_x1, (void)tm_x2, (void)tm_p, (void)p;
   __trap();
 #endif
 }
@@ -472,6 +488,12 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
       reinterpret_cast<uintptr_t>(p.bias) % (2 * kE) != 0 || (p.xf != nullptr && (kE == 4 || !aligned16(p.xf))) ||
       (p.gelu && p.xf != nullptr) || (p.y_f32 && (p.gelu || p.xf != nullptr)))
     return cudaSuccess;
+  // Parts (FwdParams::x_parts, y_parts): each holds whole k tiles of x, whole n tiles of y.
+  const auto parts_ok = [](int n, int64_t width, int64_t tile, const void* a, const void* b) {
+    return n == 1 || ((n == 2 || n == 3) && width % (n * tile) == 0 && aligned16(a) && (n == 2 || aligned16(b)));
+  };
+  if (!parts_ok(p.x_parts, p.c, kBK<T>, p.x1, p.x2) || !parts_ok(p.y_parts, p.d, kBN, p.y1, p.y2))
+    return cudaSuccess;
   int dev = 0, major = 0, smem_optin = 0, num_sms = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
@@ -485,20 +507,27 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   if (num_m * num_n > 0x7fffffff - 1024) return cudaSuccess;  // int tile ids (+ the grid stride)
   const bool f32_out = p.y_f32 && kE == 2;  // (TF32's y is FP32 anyway)
 
-  CUtensorMap tm_x, tm_p;
-  const cuuint64_t x_dims[2] = {static_cast<cuuint64_t>(4 * p.c), static_cast<cuuint64_t>(p.M)};
-  const cuuint64_t x_strides[1] = {static_cast<cuuint64_t>(4 * kE * p.c)};
+  CUtensorMap tm_x, tm_x1, tm_x2, tm_p;
+  const int64_t c_part = p.c / p.x_parts;
+  const cuuint64_t x_dims[2] = {static_cast<cuuint64_t>(4 * c_part), static_cast<cuuint64_t>(p.M)};
+  const cuuint64_t x_strides[1] = {static_cast<cuuint64_t>(4 * kE * c_part)};
   const cuuint32_t x_box[2] = {128 / kE, kBM};
+  const auto encode_x = [&](CUtensorMap* map, const void* ptr) {
+    return encode(map, ptr, kE, 2, x_dims, x_strides, x_box, CU_TENSOR_MAP_SWIZZLE_128B);
+  };
   const cuuint64_t p_dims[3] = {static_cast<cuuint64_t>(p.c), static_cast<cuuint64_t>(p.d), 4};
   const cuuint64_t p_strides[2] = {static_cast<cuuint64_t>(kE * p.c), static_cast<cuuint64_t>(kE * p.c * p.d)};
   const cuuint32_t p_box[3] = {kBK<T>, kBN, 4};
-  if (!encode(&tm_x, p.x, kE, 2, x_dims, x_strides, x_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
-      !encode(&tm_p, p.planes, kE, 3, p_dims, p_strides, p_box, CU_TENSOR_MAP_SWIZZLE_64B))
+  if (!encode_x(&tm_x, p.x) || !encode(&tm_p, p.planes, kE, 3, p_dims, p_strides, p_box, CU_TENSOR_MAP_SWIZZLE_64B))
     return cudaSuccess;  // no encoder (old driver) or a shape it rejects: the portable kernel runs
+  tm_x1 = tm_x2 = tm_x;   // (unused with fewer parts)
+  if ((p.x_parts > 1 && !encode_x(&tm_x1, p.x1)) || (p.x_parts > 2 && !encode_x(&tm_x2, p.x2))) return cudaSuccess;
 
   Sm90Params kp;
   kp.bias = p.bias;
   kp.y = p.y;
+  kp.y1 = p.y1;
+  kp.y2 = p.y2;
   kp.xf = p.xf;
   kp.xf_sums = p.xf_sums;
   kp.xf_scale = p.xf_scale;
@@ -508,6 +537,9 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   kp.k_tiles = static_cast<int>((p.c + kBK<T> - 1) / kBK<T>);
   kp.num_m = static_cast<int>(num_m);
   kp.num_n = static_cast<int>(num_n);
+  kp.d_part = static_cast<int>(p.d / p.y_parts);
+  kp.kt_part = static_cast<int>(c_part / kBK<T>);
+  if (p.x_parts == 1) kp.kt_part = kp.k_tiles;  // (c need not be a multiple of the k tile)
   // Groups of 2 m tiles while the planes fit in about two thirds of L2 (H100: 50 MB): the blocks in
   // flight then cover every n tile, the planes stay resident, and x is read from DRAM about once
   // (c = d = 2048: 5-6% faster than groups of 8, benchmarks/README.md v12). Larger planes are streamed
@@ -548,7 +580,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
     if (clusters > 0) {
       cfg.gridDim = dim3(static_cast<unsigned>(2 * std::min<int64_t>(num_m * kp.num_ng, clusters)));
       *launched = true;
-      return launch_maybe_pdl(cfg, attr, kernel, tm_x, tm_p, kp);
+      return launch_maybe_pdl(cfg, attr, kernel, tm_x, tm_x1, tm_x2, tm_p, kp);
     }
   }
   kp.num_ng = kp.num_n;
@@ -560,7 +592,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   if (e != cudaSuccess) return e;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_m * num_n, num_sms));
   *launched = true;
-  return launch_maybe_pdl(dim3(grid), dim3(kThreads), smem, stream, kernel, tm_x, tm_p, kp);
+  return launch_maybe_pdl(dim3(grid), dim3(kThreads), smem, stream, kernel, tm_x, tm_x1, tm_x2, tm_p, kp);
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from . import reference
 from .fourier import check_group_size, naive_to_planes, planes_to_naive
-from .ops import _autocast_dtype, _cast_to, autocast_inputs, flash_eq_linear
+from .ops import _autocast_dtype, _cast_to, autocast_inputs, flash_eq_linear, flash_eq_linear_chunks
 
 __all__ = ["FlashEQLinear", "NaiveEQLinear", "LAYOUT_KEY"]
 
@@ -233,6 +233,12 @@ class FlashEQLinear(_EQLinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return flash_eq_linear(x, *self._params_for(x), self.group_size)
+
+    def forward_chunks(self, x: torch.Tensor, chunks: int) -> tuple[torch.Tensor, ...]:
+        """``self(x).chunk(chunks, -1)`` (whole fields per chunk), as :func:`flash_eq_linear_chunks` makes
+        it: for ``chunks == 3`` on the fused kernels, three tensors of their own whose gradients the
+        backward reads where they are (an attention's q, k, v)."""
+        return flash_eq_linear_chunks(x, *self._params_for(x), chunks, self.group_size)
 
     def _params_for(self, x) -> tuple:
         """(weight, bias) for a call on ``x``: in inference under autocast their kept casts (above), else

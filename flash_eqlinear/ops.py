@@ -19,6 +19,7 @@ from .fourier import planes_to_naive
 
 __all__ = [
     "flash_eq_linear",
+    "flash_eq_linear_chunks",
     "flash_eq_mlp",
     "kernels_available",
     "kernel_import_error",
@@ -333,6 +334,61 @@ if kernels_available():
         "flash_eqlinear::eq_linear_fwd_xf", _backward_xf, setup_context=_setup_context_xf
     )
 
+    # ---- The output in three parts of their own (an attention's q, k, v; flash_eq_linear_chunks) ----
+    @torch.library.register_fake("flash_eqlinear::eq_linear_fwd_split3")
+    def _eq_linear_fwd_split3_fake(x, planes, bias):
+        cast = x.dtype == torch.float32 and planes.dtype in (torch.float16, torch.bfloat16)
+        x_low = x.new_empty(x.shape, dtype=planes.dtype) if cast else x
+        y = _eq_linear_fwd_fake(x_low, planes, bias)
+        d = planes.shape[1]
+        torch._check(
+            d % 3 == 0,
+            lambda: f"eq_linear_fwd_split3: d = {d} output channels per group copy do not split in three",
+        )
+        parts = tuple(y.new_empty((x.shape[0], 4 * d // 3)) for _ in range(3))
+        return *parts, x_low if cast else x.new_empty((0,))
+
+    def _setup_context_split3(ctx, inputs, output):
+        x, planes, bias = inputs
+        ctx.has_bias = bias is not None
+        ctx.cast = x.dtype != planes.dtype  # an FP32 x rounded in the op: the backward takes that x_low
+        ctx.save_for_backward(output[3] if ctx.cast else x, planes)
+        ctx.set_materialize_grads(False)  # (x_low's gradient: None unless a double backward reaches it)
+
+    def _backward_split3(ctx, g0, g1, g2, grad_x_low):
+        x, planes = ctx.saved_tensors
+        gx = gp = gb = None
+        if g0 is not None or g1 is not None or g2 is not None:
+            shape = (x.shape[0], 4 * planes.shape[1] // 3)
+            parts = [planes.new_zeros(shape) if g is None else g for g in (g0, g1, g2)]
+            c, d = planes.shape[2], planes.shape[1]
+            if not torch.is_grad_enabled() and weight_grad_mode(c, d, x.dtype, x.device.index) == "fused":
+                needs_x, needs_p = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+                needs_b = ctx.has_bias and ctx.needs_input_grad[2]
+                op = torch.ops.flash_eqlinear.eq_linear_bwd_split3
+                gx, gp, gb = op(*parts, x, planes, needs_x, needs_p, needs_b, ctx.cast)
+                gx, gp, gb = gx if needs_x else None, gp if needs_p else None, gb if needs_b else None
+            else:  # the other forms take grad_y whole
+                gx, gp, gb = _grads(ctx, torch.cat(parts, 1), x, planes, ctx.cast)
+        if grad_x_low is not None and ctx.needs_input_grad[0]:  # rounding passes gradients as they are
+            gx = grad_x_low.float() if gx is None else gx + grad_x_low.float()
+        return gx, gp, gb
+
+    torch.library.register_autograd(
+        "flash_eqlinear::eq_linear_fwd_split3", _backward_split3, setup_context=_setup_context_split3
+    )
+
+    @torch.library.register_fake("flash_eqlinear::eq_linear_bwd_split3")
+    def _eq_linear_bwd_split3_fake(gy0, gy1, gy2, x, planes, needs_x, needs_p, needs_b, grad_x_fp32=False):
+        d = planes.shape[1]
+        torch._check(
+            d % 3 == 0 and all(g.shape == (x.shape[0], 4 * d // 3) for g in (gy0, gy1, gy2)),
+            lambda: f"eq_linear_bwd_split3: want three grad_y parts (M, {4 * d // 3}), planes {planes.shape}",
+        )
+        return _eq_linear_bwd_fake(
+            gy0.new_empty((gy0.shape[0], 4 * d)), x, planes, needs_x, needs_p, needs_b, False, grad_x_fp32
+        )
+
     def _eager_function(op, setup_context, backward):
         """``op`` as an ``autograd.Function`` with the setup_context and backward registered for it above:
         the same graph node, without the registered kernel's per-call Python (argument normalisation, a
@@ -356,15 +412,22 @@ if kernels_available():
             ("cast", torch.ops.flash_eqlinear.eq_linear_fwd_cast, _setup_context_cast, _backward_cast),
             ("xf", torch.ops.flash_eqlinear.eq_linear_fwd_xf, _setup_context_xf, _backward_xf),
             ("gelu", torch.ops.flash_eqlinear.eq_linear_fwd_gelu, _setup_context_gelu, _backward_gelu),
+            (
+                "split3",
+                torch.ops.flash_eqlinear.eq_linear_fwd_split3,
+                _setup_context_split3,
+                _backward_split3,
+            ),
         )
     }
 
 
 def _call(kind: str, x, weight, bias):
-    """One forward op of :func:`flash_eq_linear` or :func:`flash_eq_mlp` (``kind``: "fwd", "cast", "xf" or
-    "gelu"). Eager calls skip the registered autograd kernel's Python: below the autograd key where
-    nothing needs a gradient, else the equivalent ``autograd.Function`` (:func:`_eager_function`). Under
-    torch.compile and functorch transforms the registered op runs as it is (the same backward)."""
+    """One forward op of :func:`flash_eq_linear`, :func:`flash_eq_linear_chunks` or :func:`flash_eq_mlp`
+    (``kind``: "fwd", "cast", "xf", "gelu" or "split3"). Eager calls skip the registered autograd kernel's
+    Python: below the autograd key where nothing needs a gradient, else the equivalent
+    ``autograd.Function`` (:func:`_eager_function`). Under torch.compile and functorch transforms the
+    registered op runs as it is (the same backward)."""
     op, fn = _EAGER[kind]
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         return op(x, weight, bias)
@@ -552,14 +615,41 @@ def flash_eq_linear(x, weight, bias=None, group_size: int = 4) -> torch.Tensor:
     autocast is rounded inside the op, and grad_x comes back in FP32 from the kernel
     (``_keeps_fp32_input``).
     """
+    return _eq_linear(*_autocast_and_check(x, weight, bias, group_size))
+
+
+def flash_eq_linear_chunks(
+    x, weight, bias=None, chunks: int = 3, group_size: int = 4
+) -> tuple[torch.Tensor, ...]:
+    """``flash_eq_linear(x, weight, bias, group_size).chunk(chunks, -1)``: the output's ``chunks`` column
+    blocks of ``d / chunks`` whole fields each (d % chunks == 0), e.g. an attention's q, k, v.
+
+    For ``chunks == 3`` on the fused-kernel path the chunks are tensors of their own (each (..., d*T/3),
+    contiguous), written in place by the Hopper kernel (elsewhere copied out of the whole output), and the
+    backward reads their three gradients where they are: consumers such as ``F.scaled_dot_product_attention``
+    return dq, dk, dv as three dense tensors, which autograd would otherwise first assemble into one
+    (..., 3 C) gradient (a pass over it). Elsewhere (other ``chunks``, the pure-PyTorch path, layers that keep
+    x's Fourier planes for a GEMM-form weight gradient) the chunks are views of the whole output.
+    """
     x, weight, bias, keep32, (T, c, d) = _autocast_and_check(x, weight, bias, group_size)
+    if not isinstance(chunks, int) or chunks < 1 or d % chunks:
+        raise ValueError(f"chunks must be a positive divisor of d = {d} (whole fields each), got {chunks!r}")
+    return _eq_linear(x, weight, bias, keep32, (T, c, d), chunks)
+
+
+def _eq_linear(x, weight, bias, keep32: bool, dims: tuple, chunks: int = 0):
+    """:func:`flash_eq_linear` after autocast and the checks (:func:`_autocast_and_check`); with chunks >= 1,
+    :func:`flash_eq_linear_chunks`."""
+    T, c, d = dims
     if backend_for(x, T) == "reference":
         if reference_form(x, T, c, d) == "fourier":
-            return reference.fourier_eq_linear(x, weight, bias, T)
-        # Group-domain weight in at least float32, rounded once to the layer's dtype (as a naive layer
-        # stores it); differentiable, so gradients reach the planes.
-        w = planes_to_naive(weight if weight.dtype in (torch.float32, torch.float64) else weight.float())
-        return reference.naive_eq_linear(x, w.to(weight.dtype), bias, T)
+            y = reference.fourier_eq_linear(x, weight, bias, T)
+        else:
+            # Group-domain weight in at least float32, rounded once to the layer's dtype (as a naive layer
+            # stores it); differentiable, so gradients reach the planes.
+            w = planes_to_naive(weight if weight.dtype in (torch.float32, torch.float64) else weight.float())
+            y = reference.naive_eq_linear(x, w.to(weight.dtype), bias, T)
+        return y.chunk(chunks, -1) if chunks else y
     lead = x.shape[:-1]
     x2 = x if x.dim() == 2 else x.reshape(-1, c * T)
     if not x2.is_contiguous():
@@ -569,10 +659,14 @@ def flash_eq_linear(x, weight, bias=None, group_size: int = 4) -> torch.Tensor:
         and weight.requires_grad
         and _gemm_training_forward(weight.dtype, c, d, x2.device.index)
     )
+    if chunks == 3 and not keeps_planes:
+        parts = _call("split3", x2, weight.contiguous(), bias)[:3]
+        return tuple(p if x.dim() == 2 else p.reshape(*lead, d * T // 3) for p in parts)
     if keep32 and not keeps_planes:
         y, _ = _call("cast", x2, weight.contiguous(), bias)
     elif keeps_planes:
         y, _ = _call("xf", x2.to(weight.dtype), weight.contiguous(), bias)
     else:
         y = _call("fwd", x2, weight.contiguous(), bias)
-    return y if x.dim() == 2 else y.reshape(*lead, d * T)
+    y = y if x.dim() == 2 else y.reshape(*lead, d * T)
+    return y.chunk(chunks, -1) if chunks else y

@@ -100,6 +100,30 @@ def test_mlp_is_the_composition(T, gen):
         assert rel_l2(a, r) < 1e-12
 
 
+@pytest.mark.parametrize("T, chunks", [(4, 3), (4, 2), (3, 3), (2, 1)])
+def test_chunks_are_the_output_blocks(T, chunks, gen):
+    # flash_eq_linear_chunks = the output's column blocks of whole fields, with gradients (off the kernels:
+    # views of the whole output); d not a multiple of chunks is refused.
+    c, d = 5, 6
+    x = torch.randn(2, 3, c * T, generator=gen, dtype=F64, requires_grad=True)
+    w = torch.randn(T, d, c, generator=gen, dtype=F64, requires_grad=True)
+    b = torch.randn(d, generator=gen, dtype=F64, requires_grad=True)
+    parts = fe.flash_eq_linear_chunks(x, w, b, chunks, T)
+    want = fe.flash_eq_linear(x, w, b, T)
+    assert len(parts) == chunks and torch.equal(torch.cat(parts, -1), want)
+    assert all(p.shape == (2, 3, d * T // chunks) for p in parts)
+    gs = [torch.randn(p.shape, generator=gen, dtype=F64) for p in parts]
+    got = torch.autograd.grad(parts, (x, w, b), gs)
+    ref = torch.autograd.grad(want, (x, w, b), torch.cat(gs, -1))
+    for a, r in zip(got, ref, strict=True):
+        assert rel_l2(a, r) < 1e-12
+    lin = fe.FlashEQLinear(c * T, d * T, group_size=T).double()
+    assert torch.equal(torch.cat(lin.forward_chunks(x, chunks), -1), lin(x))
+    for bad in (4, 0, 2.0):
+        with pytest.raises(ValueError, match="chunks"):
+            fe.flash_eq_linear_chunks(x, w, b, bad, T)
+
+
 def test_mlp_autocast_and_misuse():
     w1, w2 = torch.randn(4, 16, 8), torch.randn(4, 8, 16)
     x = torch.randn(5, 32)

@@ -281,11 +281,18 @@ class Attention(nn.Module):
         H, hd = self.num_heads, self.head_dim
         if x.dim() == 3:
             B, N, C = x.shape
-            # Unbound along the 3 first, then each transposed: the same (B, H, N, hd) views as a permute
-            # then unbind(0), but the backward stacks dq, dk, dv straight into qkv's (B, N, 3, H, hd)
-            # layout (one contiguous stack) instead of a (3, B, H, N, hd) one copied back by the permute's
-            # backward (ViT-B bf16 training step, H100: 3.8 ms less copying, 51.9 -> 48.0 ms for plain).
-            q, k, v = (t.transpose(1, 2) for t in self.qkv(x).view(B, N, 3, H, hd).unbind(2))
+            chunks = getattr(self.qkv, "forward_chunks", None)  # FlashEQLinear's
+            if chunks is not None:
+                # q, k, v as tensors of their own: SDPA gives dq, dk, dv back as three dense tensors, and
+                # qkv's backward reads them where they are (no pass assembling one (B, N, 3C) gradient).
+                q, k, v = (t.view(B, N, H, hd).transpose(1, 2) for t in chunks(x, 3))
+            else:
+                # Unbound along the 3 first, then each transposed: the same (B, H, N, hd) views as a
+                # permute then unbind(0), but the backward stacks dq, dk, dv straight into qkv's (B, N, 3,
+                # H, hd) layout (one contiguous stack) instead of a (3, B, H, N, hd) one copied back by the
+                # permute's backward (ViT-B bf16 training step, H100: 3.8 ms less copying, 51.9 -> 48.0 ms
+                # for plain).
+                q, k, v = (t.transpose(1, 2) for t in self.qkv(x).view(B, N, 3, H, hd).unbind(2))
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=_mask_as(attn_mask, q))
             return self.proj(o.transpose(1, 2).reshape(B, N, C))
         B, W, N, C = x.shape
