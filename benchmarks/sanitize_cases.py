@@ -227,6 +227,8 @@ for dtype in (torch.float16, torch.bfloat16) if "cast" in DIRECTIONS else ():
 # weight gradient reading them as either operand (FLASH_EQLINEAR_WGRAD_SWAP); d / 3 = 48: joined or copied
 # where a part is not whole tiles; an FP32 x (the cast and its FP32 grad_x).
 SPLIT_SHAPES = [(1000, 192, 576), (300, 256, 768), (129, 48, 144), (700, 64, 192)]
+if "quick" in DIRECTIONS:
+    SPLIT_SHAPES = [(min(M, 100), c, d) for M, c, d in SPLIT_SHAPES]
 fwd3, bwd3 = torch.ops.flash_eqlinear.eq_linear_fwd_split3, torch.ops.flash_eqlinear.eq_linear_bwd_split3
 for dtype in (torch.float16, torch.bfloat16) if "split3" in DIRECTIONS else ():
     for M, c, d in SPLIT_SHAPES:

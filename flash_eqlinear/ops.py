@@ -370,8 +370,9 @@ if kernels_available():
                 gx, gp, gb = gx if needs_x else None, gp if needs_p else None, gb if needs_b else None
             else:  # the other forms take grad_y whole
                 gx, gp, gb = _grads(ctx, torch.cat(parts, 1), x, planes, ctx.cast)
-        if grad_x_low is not None and ctx.needs_input_grad[0]:  # rounding passes gradients as they are
-            gx = grad_x_low.float() if gx is None else gx + grad_x_low.float()
+        # (Without the cast, x_low is an empty placeholder; its gradient, if any, is one too.)
+        if ctx.cast and grad_x_low is not None and ctx.needs_input_grad[0]:
+            gx = grad_x_low.float() if gx is None else gx + grad_x_low.float()  # rounding passes gradients
         return gx, gp, gb
 
     torch.library.register_autograd(
