@@ -53,6 +53,9 @@
 // tiles kt with kt % (c tiles) == the block's c tile, so the chunk's bias work is spread evenly over its
 // blocks; each writes one bias partial (zero where it had no such tile), reduced in a fixed order.
 //
+// grad_y in parts (BwdWeightSm90Args::gy_parts: column blocks in tensors of their own, e.g. the gradients of an
+// attention's q, k, v): one tensor map per part; the TMA thread picks each box's (a part holds whole boxes).
+//
 // fp16 range: both transforms are halved (as in the mma.sync kernel); the reduce kernel scales.
 // Ragged edges: rows past M, channels past c or d arrive as zeros from TMA and add nothing; chunks
 // are whole k tiles except the last, which ends at M. Stores are masked.

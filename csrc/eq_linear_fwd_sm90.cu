@@ -64,6 +64,10 @@
 // variant costs ~20% kernel time at c = 512 / 1024 on an H100, about half of it from its register split
 // and shared-memory size alone.
 //
+// x and y in parts (FwdParams::x_parts, y_parts: column blocks in tensors of their own, e.g. an attention's
+// q, k, v and their gradients): x through one tensor map per part, the producer picking k tile kt's (a part
+// holds whole k tiles); the epilogue stores each n tile into its part of y (a part holds whole n tiles).
+//
 // Requirements (checked by the host, which otherwise falls back to the portable kernels): an sm_90
 // device running sm_90a code, c % 8 == 0 (TMA row strides are multiples of 16 bytes), d even, x,
 // planes and y 16-byte aligned, bias 4-byte aligned, M < 2^31 - 128 (TMA coordinates are 32-bit).
@@ -284,7 +288,8 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
               out[i][1] = gelu_pair<T>(out[i][1]);
             }
           }
-          *reinterpret_cast<uint4*>(y + (m * p.d_part + o - o_part) * 4) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
+          *reinterpret_cast<uint4*>(y + (m * p.d_part + o - o_part) * 4) =
+              make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
         } else {  // two 16-byte stores: channels o and o + 1
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
@@ -520,7 +525,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   const cuuint32_t p_box[3] = {kBK<T>, kBN, 4};
   if (!encode_x(&tm_x, p.x) || !encode(&tm_p, p.planes, kE, 3, p_dims, p_strides, p_box, CU_TENSOR_MAP_SWIZZLE_64B))
     return cudaSuccess;  // no encoder (old driver) or a shape it rejects: the portable kernel runs
-  tm_x1 = tm_x2 = tm_x;   // (unused with fewer parts)
+  tm_x1 = tm_x2 = tm_x;  // (unused with fewer parts)
   if ((p.x_parts > 1 && !encode_x(&tm_x1, p.x1)) || (p.x_parts > 2 && !encode_x(&tm_x2, p.x2))) return cudaSuccess;
 
   Sm90Params kp;
