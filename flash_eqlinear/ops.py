@@ -486,6 +486,24 @@ def _gemm_training_forward(dtype: torch.dtype, c: int, d: int, device_index: int
     return (sm90 and c % 8 == 0 and d % 2 == 0) or c * d >= 2**18
 
 
+@torch.compiler.assume_constant_result
+def _parts_in_place(dtype: torch.dtype, c: int, d: int, device_index: int) -> bool:
+    """Whether a training call of :func:`flash_eq_linear_chunks` (3 chunks) takes eq_linear_fwd_split3:
+    where the Hopper kernels write the three parts in place and read their gradients where they are (fp16 /
+    bf16 planes, d / 3 a multiple of 64, c % 8 == 0, the fused weight gradient). Elsewhere that op would copy
+    the parts out of the whole output and join their gradients, which views of the whole output and
+    autograd's one stack of the gradients do in fewer passes. (Read when called; under torch.compile, when
+    traced.)"""
+    return (
+        dtype in (torch.float16, torch.bfloat16)
+        and d % 192 == 0
+        and c % 8 == 0
+        and _sm90(device_index)
+        and os.environ.get("FLASH_EQLINEAR_PRODUCTS", "auto") != "gemm"
+        and weight_grad_mode(c, d, dtype, device_index) == "fused"
+    )
+
+
 def _sm90(device_index: int | None) -> bool:
     """Whether the Hopper kernels may run on this CUDA device (compute capability 9.x, FLASH_EQLINEAR_SM90
     not "0"; read when called)."""
@@ -625,12 +643,12 @@ def flash_eq_linear_chunks(
     """``flash_eq_linear(x, weight, bias, group_size).chunk(chunks, -1)``: the output's ``chunks`` column
     blocks of ``d / chunks`` whole fields each (d % chunks == 0), e.g. an attention's q, k, v.
 
-    For ``chunks == 3`` on the fused-kernel path the chunks are tensors of their own (each (..., d*T/3),
-    contiguous), written in place by the Hopper kernel (elsewhere copied out of the whole output), and the
-    backward reads their three gradients where they are: consumers such as ``F.scaled_dot_product_attention``
-    return dq, dk, dv as three dense tensors, which autograd would otherwise first assemble into one
-    (..., 3 C) gradient (a pass over it). Elsewhere (other ``chunks``, the pure-PyTorch path, layers that keep
-    x's Fourier planes for a GEMM-form weight gradient) the chunks are views of the whole output.
+    In training with ``chunks == 3`` where the Hopper kernels run (sm_90, fp16 / bf16 planes, d a multiple
+    of 192, c of 8, the fused weight gradient), the chunks are tensors of their own (each (..., d*T/3),
+    contiguous) that the forward kernel writes in place, and the backward reads their three gradients where
+    they are: consumers such as ``F.scaled_dot_product_attention`` return dq, dk, dv as three dense tensors,
+    which autograd would otherwise first assemble into one (..., 3 C) gradient (a pass over it). Elsewhere
+    (inference, other ``chunks``, other paths) the chunks are views of the whole output.
     """
     x, weight, bias, keep32, (T, c, d) = _autocast_and_check(x, weight, bias, group_size)
     if not isinstance(chunks, int) or chunks < 1 or d % chunks:
@@ -660,7 +678,11 @@ def _eq_linear(x, weight, bias, keep32: bool, dims: tuple, chunks: int = 0):
         and weight.requires_grad
         and _gemm_training_forward(weight.dtype, c, d, x2.device.index)
     )
-    if chunks == 3 and not keeps_planes:
+    needs_grad = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (x2, weight, bias)
+    )
+    wants_parts = chunks == 3 and needs_grad and not keeps_planes
+    if wants_parts and _parts_in_place(weight.dtype, c, d, x2.device.index):
         parts = _call("split3", x2, weight.contiguous(), bias)[:3]
         return tuple(p if x.dim() == 2 else p.reshape(*lead, d * T // 3) for p in parts)
     if keep32 and not keeps_planes:

@@ -1,11 +1,12 @@
 """flash_eq_linear_chunks on CUDA: a layer's output as three tensors of their own (an attention's q, k, v).
 
-The three parts are the whole output's column blocks, bitwise (the same kernel computes the same tiles and
-writes each into its part); the backward from three part gradients equals the backward from their
-concatenation, bitwise (the Hopper kernels read each part where it is; elsewhere the parts are joined
-first), for the fused and the GEMM-form weight gradient, with an FP32 input under autocast, and on the
-portable kernels. On Hopper GPUs, where the parts hold whole tiles, neither direction copies: no
-concatenation in the backward, no copy in the forward.
+The ops (eq_linear_fwd_split3 / eq_linear_bwd_split3): the three parts are the whole output's column blocks,
+bitwise (the same kernel computes the same tiles and writes each into its part), and the backward from three
+part gradients equals the backward from their concatenation, bitwise (the Hopper kernels read each part where
+it is; elsewhere the parts are copied out / joined), on every kernel path. The functional form, in training
+(where the Hopper kernels take the parts, the ops; elsewhere views of the whole output): the same values and
+gradients as the whole layer, with the fused and the GEMM-form weight gradient and an FP32 input under
+autocast; on Hopper GPUs neither direction copies. The models' attention, eager and compiled.
 """
 
 from __future__ import annotations
@@ -61,18 +62,30 @@ def whole(x, w, b):
     return fe.flash_eq_linear(x, w, b).chunk(3, -1)
 
 
+@pytest.mark.parametrize("sm90", ["1", "0"], ids=["sm90", "portable"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("M, c, d", SHAPES)
-def test_parts_equal_the_whole_output(M, c, d, dtype):
+def test_ops_equal_the_whole_layer(M, c, d, dtype, sm90, monkeypatch):
+    # The ops themselves, on each path (FLASH_EQLINEAR_SM90=0: the portable kernels, parts copied / joined).
+    monkeypatch.setenv("FLASH_EQLINEAR_SM90", sm90)
     x, w, b = make(M, c, d, dtype)
-    with torch.no_grad():
-        parts = fe.flash_eq_linear_chunks(x, w, b, 3)
-        y = fe.flash_eq_linear(x, w, b)
-        y64 = reference.naive_eq_linear(x.double(), fe.planes_to_naive(w.double()), b.double(), 4)
+    ops = torch.ops.flash_eqlinear
+    parts = ops.eq_linear_fwd_split3(x, w, b)[:3]
+    y = ops.eq_linear_fwd(x, w, b)
     assert all(p.is_contiguous() and p.shape == (M, 4 * d // 3) for p in parts)
     assert torch.equal(torch.cat(parts, 1), y)
     if M:
-        assert rel_l2(torch.cat(parts, 1), y64) <= {torch.float32: 1e-5}.get(dtype, 2e-2)
+        y64 = reference.naive_eq_linear(x.double(), fe.planes_to_naive(w.double()), b.double(), 4)
+        assert rel_l2(y, y64) <= {torch.float32: 1e-5}.get(dtype, 2e-2)
+    gs = [g.to(dtype) for g in part_grads(M, d)]
+    got = ops.eq_linear_bwd_split3(*gs, x, w, True, True, True)
+    want = ops.eq_linear_bwd(torch.cat(gs, 1), x, w, True, True, True, False)
+    for a, e in zip(got, want, strict=True):
+        assert torch.equal(a, e)
+    got = ops.eq_linear_bwd_split3(*gs, x, w, True, False, False, True)[0]  # an FP32 grad_x
+    assert got.dtype == torch.float32 and torch.equal(
+        got, ops.eq_linear_bwd(torch.cat(gs, 1), x, w, True, False, False, False, True)[0]
+    )
 
 
 @pytest.mark.parametrize("weight_grad", ["auto", "gemm"])
@@ -104,11 +117,8 @@ def test_fp32_input_under_autocast(M, c, d, dtype):
 
 
 @pytest.mark.parametrize("swap", ["0", "1"])
-@pytest.mark.parametrize("sm90", ["1", "0"], ids=["sm90", "portable"])
-def test_each_kernel_path(sm90, swap, monkeypatch):
-    # The portable kernels (FLASH_EQLINEAR_SM90=0: joined and copied) and the Hopper weight gradient with
-    # grad_y as either operand (FLASH_EQLINEAR_WGRAD_SWAP).
-    monkeypatch.setenv("FLASH_EQLINEAR_SM90", sm90)
+def test_each_weight_gradient_role(swap, monkeypatch):
+    # The Hopper weight gradient with grad_y as either operand (FLASH_EQLINEAR_WGRAD_SWAP).
     monkeypatch.setenv("FLASH_EQLINEAR_WGRAD_SWAP", swap)
     x, w, b = make(1000, 192, 576, torch.bfloat16, seed=5)
     gs = part_grads(1000, 576, seed=6)
