@@ -179,20 +179,23 @@ def test_misuse_raises():
         torch.ops.flash_eqlinear.eq_linear_bwd_split3(gs[0], gs[1], gs[2].float(), x, w, True, True, True)
 
 
+@pytest.mark.parametrize("windows", [False, True], ids=["tokens", "windows"])
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
-def test_attention_takes_the_parts(compile):
+def test_attention_takes_the_parts(compile, windows):
     # The models' attention takes qkv's parts (FlashEQLinear.forward_chunks): the same outputs and gradients
-    # as from the whole output (the module called as a plain layer), eager and compiled as one graph.
+    # as from the whole output (the module called as a plain layer), eager and compiled as one graph; tokens
+    # (B, N, C) and windows (B, W, N, C) with an additive mask (Swin).
     torch.manual_seed(0)
     attn = Attention(Variant("flash"), 256, 4).to(DEV)
-    x = torch.randn(2, 50, 256, device=DEV)
+    x = torch.randn(2, 3, 49, 256, device=DEV) if windows else torch.randn(2, 50, 256, device=DEV)
+    mask = torch.randn(1, 3 * 4, 49, 49, device=DEV) if windows else None
 
     def run(module, chunks: bool):
         if not chunks:
             module.qkv.forward_chunks = None  # an instance attribute: Attention then calls qkv whole
         xr = x.clone().requires_grad_()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            y = (torch.compile(module, fullgraph=True) if compile else module)(xr)
+            y = (torch.compile(module, fullgraph=True) if compile else module)(xr, mask)
         y.float().square().sum().backward()
         out = [y.detach(), xr.grad] + [p.grad.clone() for p in module.parameters()]
         module.zero_grad()

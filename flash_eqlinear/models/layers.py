@@ -279,12 +279,12 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         H, hd = self.num_heads, self.head_dim
+        # FlashEQLinear's: q, k, v as tensors of their own (in training on the Hopper kernels), whose
+        # gradients qkv's backward reads where they are (no pass assembling one gradient of its whole output).
+        chunks = getattr(self.qkv, "forward_chunks", None)
         if x.dim() == 3:
             B, N, C = x.shape
-            chunks = getattr(self.qkv, "forward_chunks", None)  # FlashEQLinear's
-            if chunks is not None:
-                # q, k, v as tensors of their own: SDPA gives dq, dk, dv back as three dense tensors, and
-                # qkv's backward reads them where they are (no pass assembling one (B, N, 3C) gradient).
+            if chunks is not None:  # SDPA gives dq, dk, dv back in q, k, v's layout: free views
                 q, k, v = (t.view(B, N, H, hd).transpose(1, 2) for t in chunks(x, 3))
             else:
                 # Unbound along the 3 first, then each transposed: the same (B, H, N, hd) views as a
@@ -296,8 +296,11 @@ class Attention(nn.Module):
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=_mask_as(attn_mask, q))
             return self.proj(o.transpose(1, 2).reshape(B, N, C))
         B, W, N, C = x.shape
-        qkv = self.qkv(x).view(B, W, N, 3, H, hd).permute(3, 0, 1, 4, 2, 5).reshape(3, B, W * H, N, hd)
-        q, k, v = qkv.unbind(0)
+        if chunks is not None:  # a (B, W * H, N, hd) copy of each part, its gradient copied back: one pass
+            q, k, v = (t.view(B, W, N, H, hd).transpose(2, 3).reshape(B, W * H, N, hd) for t in chunks(x, 3))
+        else:
+            qkv = self.qkv(x).view(B, W, N, 3, H, hd).permute(3, 0, 1, 4, 2, 5).reshape(3, B, W * H, N, hd)
+            q, k, v = qkv.unbind(0)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=_mask_as(attn_mask, q))
         return self.proj(o.view(B, W, H, N, hd).transpose(2, 3).reshape(B, W, N, C))
 
