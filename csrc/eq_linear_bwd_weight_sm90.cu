@@ -108,7 +108,7 @@ struct KParams {
   int na;        // channels of the A operand (grad_y's d; with kSwap x's c)
   int ga, gb;    // A tiles, B tiles
   int S, S_last; // row chunks of the A tiles but the last, of the last (BwdWeightSm90Args)
-  int g_part;    // grad_y's channels per part (BwdWeightSm90Args::gy_parts; d: one part)
+  int g_part;    // grad_y's channels per part (BwdWeightSm90Args::gy_parts; 2^29 with one part)
 };
 
 // A block's tile and rows. The grid is 1-D: (ga - 1) * gb * S blocks for the A tiles but the last (A tile
@@ -465,7 +465,9 @@ cudaError_t launch(const BwdWeightSm90Args& a, cudaStream_t stream) {
   if (a.S < 1 || S_last < 1 || S_last > a.S || blocks > 0x7fffffff || (kSwap && S_last != a.S))
     return cudaErrorInvalidConfiguration;
   KParams kp{a.ws, a.ws_bias, a.M, a.chunk_rows, chunk_last, a.c, a.d, a.ldw, static_cast<int>(na),
-             static_cast<int>(grid_a), static_cast<int>(grid_b), a.S, S_last, static_cast<int>(d_part)};
+             static_cast<int>(grid_a), static_cast<int>(grid_b), a.S, S_last,
+             // one part: no box falls past it (those past d stay zero-filled by part 0's map)
+             a.gy_parts > 1 ? static_cast<int>(d_part) : 1 << 29};
   return launch_maybe_pdl(dim3(unsigned(blocks)), dim3(kThreads), kSmem, stream, kernel, tm_a, tm_b, tm_g[0], tm_g[1],
                           kp);
 }

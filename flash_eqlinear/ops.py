@@ -383,6 +383,10 @@ if kernels_available():
     def _eq_linear_bwd_split3_fake(gy0, gy1, gy2, x, planes, needs_x, needs_p, needs_b, grad_x_fp32=False):
         d = planes.shape[1]
         torch._check(
+            all(g.dtype == x.dtype for g in (gy0, gy1, gy2)),
+            lambda: f"eq_linear_bwd_split3: grad_y parts, x and planes must share one dtype, got {x.dtype}",
+        )
+        torch._check(
             d % 3 == 0 and all(g.shape == (x.shape[0], 4 * d // 3) for g in (gy0, gy1, gy2)),
             lambda: f"eq_linear_bwd_split3: want three grad_y parts (M, {4 * d // 3}), planes {planes.shape}",
         )

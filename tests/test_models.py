@@ -262,6 +262,20 @@ def test_plain_counts_match_the_standard_architectures():
     assert _count(eq_swin("T", "plain", device="meta")) == 28_288_354
 
 
+def test_attention_runs_qkv_hooks():
+    # With a hook on qkv the attention calls the module (a hook may change its output), not forward_chunks.
+    from flash_eqlinear.models.layers import Attention, Variant
+
+    torch.manual_seed(0)
+    attn = Attention(Variant("flash"), 32, 2)
+    x = torch.randn(2, 5, 32)
+    y = attn(x)
+    seen = []
+    attn.qkv.register_forward_hook(lambda m, i, o: seen.append(o.shape) or o * 2)
+    y2 = attn(x)
+    assert seen == [(2, 5, 96)] and not torch.allclose(y, y2)
+
+
 def test_config_errors():
     with pytest.raises(ValueError, match="variant"):
         eq_vit(None, "dense", **TINY_VIT)

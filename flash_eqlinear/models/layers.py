@@ -279,9 +279,13 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         H, hd = self.num_heads, self.head_dim
-        # FlashEQLinear's: q, k, v as tensors of their own (in training on the Hopper kernels), whose
-        # gradients qkv's backward reads where they are (no pass assembling one gradient of its whole output).
-        chunks = getattr(self.qkv, "forward_chunks", None)
+        # A FlashEQLinear qkv without hooks (a direct call would skip them): q, k, v as tensors of their own
+        # (in training on the Hopper kernels), whose gradients its backward reads where they are (no pass
+        # assembling one gradient of its whole output).
+        qkv = self.qkv
+        chunks = None
+        if type(qkv) is FlashEQLinear and not (qkv._forward_hooks or qkv._forward_pre_hooks):
+            chunks = getattr(qkv, "forward_chunks", None)
         if x.dim() == 3:
             B, N, C = x.shape
             if chunks is not None:  # SDPA gives dq, dk, dv back in q, k, v's layout: free views
