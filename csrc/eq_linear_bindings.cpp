@@ -849,11 +849,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd_split3(const at::Te
   const int64_t M = x.size(0), c = planes.size(2), d = planes.size(1);
   const at::cuda::CUDAGuard guard(gy0.device());
   check_device_supported(gy0);
-  const auto ready = [](const at::Tensor& t) {  // contiguous, 16-byte aligned (the Hopper kernels' TMA)
-    const at::Tensor u = t.contiguous();
-    return reinterpret_cast<uintptr_t>(u.data_ptr()) % 16 == 0 ? u : u.clone();
-  };
-  const at::Tensor g0 = ready(gy0), g1 = ready(gy1), g2 = ready(gy2);
+  // contiguous, 16-byte aligned (the Hopper kernels' TMA)
+  const at::Tensor g0 = aligned16(gy0.contiguous()), g1 = aligned16(gy1.contiguous()),
+                   g2 = aligned16(gy2.contiguous());
   at::Tensor gy;  // the parts joined, where a kernel needs that
   const auto joined = [&]() -> const at::Tensor& {
     if (!gy.defined()) gy = at::cat({g0, g1, g2}, 1);

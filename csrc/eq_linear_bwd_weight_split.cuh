@@ -222,7 +222,6 @@ reduce_kernel(const float* __restrict__ ws, const float* __restrict__ ws_bias, T
 
 // Launches reduce_kernel with enough blocks to keep the memory system busy (a pure stream), and with job's
 // adjoint tiles when job.adj != nullptr. S_bias: the bias partials, S when 0.
-
 template <class TOut>
 cudaError_t launch_reduce(const float* ws, const float* ws_bias, TOut* out, TOut* out_bias, int S, int c,
                           int d, int ldw, float s_real, float s_cplx, int sms, cudaStream_t stream,

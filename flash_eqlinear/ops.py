@@ -223,13 +223,21 @@ if kernels_available():
     def _grads(ctx, grad_y, x, planes, gx_fp32: bool):
         """(grad_x, grad_planes, grad_bias) of a layer with input x (as the kernels took it) as the
         context asks for them; gx_fp32: grad_x in FP32 (eq_linear_fwd_cast's x; with create_graph=True
-        the 16-bit grad_x of the differentiable path, widened)."""
+        the 16-bit grad_x of the differentiable path, widened). grad_y: the output's gradient, or a list of
+        its three column blocks (eq_linear_fwd_split3's outputs), which the fused form reads where they are
+        (eq_linear_bwd_split3) and the other forms join."""
         needs_x, needs_p = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         needs_b = ctx.has_bias and ctx.needs_input_grad[2]
+        mode = weight_grad_mode(planes.shape[2], planes.shape[1], x.dtype, x.device.index)
+        if isinstance(grad_y, list):  # eq_linear_fwd_split3's three column blocks
+            if mode == "fused" and not torch.is_grad_enabled():
+                op = torch.ops.flash_eqlinear.eq_linear_bwd_split3
+                gx, gp, gb = op(*grad_y, x, planes, needs_x, needs_p, needs_b, gx_fp32)
+                return gx if needs_x else None, gp if needs_p else None, gb if needs_b else None
+            grad_y = torch.cat(grad_y, 1)  # the other forms take grad_y whole
         if torch.is_grad_enabled():
             gx, gp, gb = _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b)
             return gx.float() if gx_fp32 and gx is not None else gx, gp, gb
-        mode = weight_grad_mode(planes.shape[2], planes.shape[1], x.dtype, x.device.index)
         ref = mode == "reference" and (needs_p or needs_b)
         # One op for the rest (grad_x: the forward kernel on the adjoint planes; the weight: the fused
         # kernel or group DFTs + GEMMs): the host cost of a backward is one call, not a dozen.
@@ -361,15 +369,7 @@ if kernels_available():
         if g0 is not None or g1 is not None or g2 is not None:
             shape = (x.shape[0], 4 * planes.shape[1] // 3)
             parts = [planes.new_zeros(shape) if g is None else g for g in (g0, g1, g2)]
-            c, d = planes.shape[2], planes.shape[1]
-            if not torch.is_grad_enabled() and weight_grad_mode(c, d, x.dtype, x.device.index) == "fused":
-                needs_x, needs_p = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-                needs_b = ctx.has_bias and ctx.needs_input_grad[2]
-                op = torch.ops.flash_eqlinear.eq_linear_bwd_split3
-                gx, gp, gb = op(*parts, x, planes, needs_x, needs_p, needs_b, ctx.cast)
-                gx, gp, gb = gx if needs_x else None, gp if needs_p else None, gb if needs_b else None
-            else:  # the other forms take grad_y whole
-                gx, gp, gb = _grads(ctx, torch.cat(parts, 1), x, planes, ctx.cast)
+            gx, gp, gb = _grads(ctx, parts, x, planes, ctx.cast)
         # (Without the cast, x_low is an empty placeholder; its gradient, if any, is one too.)
         if ctx.cast and grad_x_low is not None and ctx.needs_input_grad[0]:
             gx = grad_x_low.float() if gx is None else gx + grad_x_low.float()  # rounding passes gradients
