@@ -14,6 +14,7 @@
 #include <torch/library.h>
 
 #include "eq_group_dft.h"
+#include "eq_group_layer_norm.h"
 #include "eq_linear_bwd_weight.h"
 #include "eq_linear_fwd.h"
 #include "eq_linear_fwd_narrow.h"
@@ -881,6 +882,113 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd_split3(const at::Te
   return {gx, gp, gb};
 }
 
+
+// ---- Group LayerNorm (eq_group_layer_norm.h) ----
+
+bool ln_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
+
+ElemType elem_type(at::ScalarType t) {
+  return t == at::kFloat ? ElemType::kFloat : t == at::kHalf ? ElemType::kHalf : ElemType::kBFloat16;
+}
+
+// The parameters' checks; returns c.
+int64_t checked_ln_params(const at::Tensor& x, const at::Tensor& weight, const char* what) {
+  const std::string op = what;
+  TORCH_CHECK(x.is_cuda(), op, ": x must be a CUDA tensor, got one on ", x.device().str());
+  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D (M, 4c), got ", shape(x.sizes()));
+  TORCH_CHECK(ln_dtype(x.scalar_type()), op, ": x dtype must be float32, float16 or bfloat16, got ",
+              c10::toString(x.scalar_type()));
+  TORCH_CHECK(weight.device() == x.device(), op, ": weight is on ", weight.device().str(), " but x on ",
+              x.device().str());
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) >= 1 && x.size(1) == 4 * weight.size(0), op,
+              ": weight must have shape (c,) for x (M, 4c), got weight ", shape(weight.sizes()), " and x ",
+              shape(x.sizes()));
+  TORCH_CHECK(ln_dtype(weight.scalar_type()), op, ": weight dtype must be float32, float16 or bfloat16, got ",
+              c10::toString(weight.scalar_type()));
+  const int64_t c = weight.size(0);
+  TORCH_CHECK(c <= kGroupLayerNormMaxFields, op, ": at most ", num(kGroupLayerNormMaxFields),
+              " fields (", num(4 * kGroupLayerNormMaxFields), " channels) per row, got c = ", num(c));
+  check_device_supported(x);
+  return c;
+}
+
+// x (M, 4c) (fp32 / fp16 / bf16), weight and bias (c,) -> y (M, 4c) in out_dtype (x's dtype, or any of the
+// three for an FP32 x), mean (M,) and rstd (M,) FP32.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_layer_norm_fwd(const at::Tensor& x, const at::Tensor& weight,
+                                                                    const at::Tensor& bias, double eps,
+                                                                    at::ScalarType out_dtype) {
+  const char* op = "group_layer_norm_fwd";
+  const int64_t c = checked_ln_params(x, weight, op);
+  TORCH_CHECK(bias.device() == x.device() && bias.sizes() == weight.sizes(), op,
+              ": bias must have weight's shape (", num(c), ",) and device, got ", shape(bias.sizes()), " on ",
+              bias.device().str());
+  TORCH_CHECK(ln_dtype(out_dtype) && (out_dtype == x.scalar_type() || x.scalar_type() == at::kFloat), op,
+              ": out_dtype must be x's dtype, or float32 / float16 / bfloat16 for a float32 x; got ",
+              c10::toString(out_dtype), " for x of ", c10::toString(x.scalar_type()));
+  TORCH_CHECK(eps >= 0, op, ": eps must be >= 0, got ", std::to_string(eps));
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xs = aligned16(x.contiguous());
+  const at::Tensor w = weight.to(at::kFloat).contiguous(), b = bias.to(at::kFloat).contiguous();
+  const int64_t M = x.size(0);
+  at::Tensor y = at::empty({M, 4 * c}, x.options().dtype(out_dtype));
+  at::Tensor mean = at::empty({M}, x.options().dtype(at::kFloat)), rstd = at::empty({M}, mean.options());
+  GroupLayerNormFwdParams p{xs.data_ptr(), y.data_ptr(), w.data_ptr<float>(), b.data_ptr<float>(),
+                            mean.data_ptr<float>(), rstd.data_ptr<float>(), M, int(c), float(eps)};
+  const cudaError_t err = eq_group_layer_norm_fwd(p, elem_type(x.scalar_type()), elem_type(out_dtype),
+                                                  at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+  return {y, mean, rstd};
+}
+
+// grad_y (M, 4c) in y's dtype, x, weight, mean and rstd as the forward took / returned them -> grad_x (M, 4c)
+// in x's dtype (needs_x; else (0,)), grad_weight and grad_bias (c,) in weight's dtype (needs_wb; else (0,)).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_layer_norm_bwd(const at::Tensor& grad_y, const at::Tensor& x,
+                                                                    const at::Tensor& weight, const at::Tensor& mean,
+                                                                    const at::Tensor& rstd, bool needs_x,
+                                                                    bool needs_wb) {
+  const char* op = "group_layer_norm_bwd";
+  const int64_t c = checked_ln_params(x, weight, op);
+  const int64_t M = x.size(0);
+  TORCH_CHECK(grad_y.device() == x.device() && grad_y.sizes() == x.sizes(), op, ": grad_y must have x's shape ",
+              shape(x.sizes()), " and device, got ", shape(grad_y.sizes()), " on ", grad_y.device().str());
+  TORCH_CHECK(ln_dtype(grad_y.scalar_type()) &&
+                  (grad_y.scalar_type() == x.scalar_type() || x.scalar_type() == at::kFloat),
+              op, ": grad_y dtype must be x's, or any of float32 / float16 / bfloat16 for a float32 x; got ",
+              c10::toString(grad_y.scalar_type()), " for x of ", c10::toString(x.scalar_type()));
+  for (const at::Tensor* t : {&mean, &rstd})
+    TORCH_CHECK(t->device() == x.device() && t->scalar_type() == at::kFloat && t->dim() == 1 && t->size(0) == M,
+                op, ": mean and rstd must be float32 (", num(M), ",) on x's device, got ", shape(t->sizes()), " ",
+                c10::toString(t->scalar_type()));
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor gx = needs_x ? at::empty_like(x, at::MemoryFormat::Contiguous) : x.new_empty({0});
+  at::Tensor gw = weight.new_empty({needs_wb ? c : 0}), gb = weight.new_empty({needs_wb ? c : 0});
+  if (!needs_x && !needs_wb) return {gx, gw, gb};
+  const at::Tensor gys = aligned16(grad_y.contiguous()), xs = aligned16(x.contiguous());
+  const at::Tensor w = weight.to(at::kFloat).contiguous();
+  const at::Tensor mc = mean.contiguous(), rc = rstd.contiguous();
+  const int blocks = eq_group_layer_norm_bwd_blocks(M, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+  at::Tensor partials = needs_wb ? at::empty({2, blocks, c}, x.options().dtype(at::kFloat)) : at::Tensor();
+  GroupLayerNormBwdParams p{gys.data_ptr(),
+                            xs.data_ptr(),
+                            w.data_ptr<float>(),
+                            mc.data_ptr<float>(),
+                            rc.data_ptr<float>(),
+                            needs_x ? gx.data_ptr() : nullptr,
+                            needs_wb ? partials.data_ptr<float>() : nullptr,
+                            M,
+                            int(c),
+                            blocks};
+  const cudaError_t err = eq_group_layer_norm_bwd(p, elem_type(x.scalar_type()), elem_type(grad_y.scalar_type()),
+                                                  at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+  if (needs_wb) {
+    const at::Tensor sums = partials.sum(1);  // (2, c): the blocks' partials, summed in a fixed order
+    gw.copy_(sums[0]);
+    gb.copy_(sums[1]);
+  }
+  return {gx, gw, gb};
+}
+
 }  // namespace
 
 // Every op takes its tensors in any layout (it makes them contiguous and, where a kernel needs it, aligned,
@@ -909,6 +1017,12 @@ TORCH_LIBRARY(flash_eqlinear, m) {
   m.def("eq_linear_bwd_split3(Tensor gy0, Tensor gy1, Tensor gy2, Tensor x, Tensor planes, bool needs_x, "
         "bool needs_p, bool needs_b, bool grad_x_fp32=False) -> (Tensor, Tensor, Tensor)",
         kAnyLayout);
+  m.def("group_layer_norm_fwd(Tensor x, Tensor weight, Tensor bias, float eps, ScalarType out_dtype) "
+        "-> (Tensor, Tensor, Tensor)",
+        kAnyLayout);
+  m.def("group_layer_norm_bwd(Tensor grad_y, Tensor x, Tensor weight, Tensor mean, Tensor rstd, bool needs_x, "
+        "bool needs_wb) -> (Tensor, Tensor, Tensor)",
+        kAnyLayout);
 }
 
 TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
@@ -922,6 +1036,8 @@ TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
   m.impl("eq_linear_fwd_cast", &eq_linear_fwd_cast);
   m.impl("eq_linear_fwd_split3", &eq_linear_fwd_split3);
   m.impl("eq_linear_bwd_split3", &eq_linear_bwd_split3);
+  m.impl("group_layer_norm_fwd", &group_layer_norm_fwd);
+  m.impl("group_layer_norm_bwd", &group_layer_norm_bwd);
 }
 
 }  // namespace flash_eqlinear

@@ -25,8 +25,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..layer_norm import fused_layer_norm_applies, group_layer_norm
 from ..modules import FlashEQLinear, NaiveEQLinear, ParamCache
-from ..ops import flash_eq_mlp
+from ..ops import _autocast_dtype, flash_eq_mlp
 from ..swap import is_naive_eq_linear
 
 __all__ = [
@@ -75,10 +76,13 @@ class Variant:
     def linear(self, in_features: int, out_features: int, bias: bool = True) -> nn.Module:
         return self._linear(in_features, out_features, bias)
 
-    def norm(self, dim: int, eps: float) -> nn.Module:
+    def norm(self, dim: int, eps: float, feeds_linear: bool = False) -> nn.Module:
+        """LayerNorm of ``dim`` channels; ``feeds_linear``: its output goes to linear layers only (through
+        exact ops such as padding, rolls and reshapes), so the equivariant norm may hand them the autocast
+        dtype they cast it to (``GroupLayerNorm(autocast_output=True)``)."""
         if not self.equivariant:
             return nn.LayerNorm(dim, eps=eps)
-        return GroupLayerNorm(dim, self.group_size, eps=eps)
+        return GroupLayerNorm(dim, self.group_size, eps=eps, autocast_output=feeds_linear)
 
     def __repr__(self) -> str:
         return f"Variant({self.name!r}, group_size={self.group_size})"
@@ -131,21 +135,38 @@ class GroupLayerNorm(ParamCache, nn.Module):
 
     Mean and variance over all channels are invariant under any permutation of the group axis;
     ``weight`` and ``bias`` have shape ``(c,)`` and are expanded over the group axis. With G = 1
-    this is ``nn.LayerNorm``. In eval-mode inference the expanded parameters are kept until the
-    parameters change (the rules of ``NaiveEQLinear``'s expanded weight).
+    this is ``nn.LayerNorm``. For G = 4 on CUDA it runs the fused op of
+    :func:`~flash_eqlinear.layer_norm.group_layer_norm` in eager mode (one pass forward, one backward);
+    elsewhere ``F.layer_norm`` with the expanded parameters, which in eval-mode inference are kept until
+    the parameters change (the rules of ``NaiveEQLinear``'s expanded weight).
+
+    ``autocast_output=True``: under autocast the output comes in the autocast dtype (float32 otherwise, as
+    ``F.layer_norm``'s): for a norm whose output only feeds linear layers, which cast it to that dtype
+    anyway: the same values, without a float32 output written and read back by a cast.
     """
 
-    def __init__(self, num_features: int, group_size: int = GROUP_SIZE, eps: float = 1e-5):
+    def __init__(
+        self,
+        num_features: int,
+        group_size: int = GROUP_SIZE,
+        eps: float = 1e-5,
+        autocast_output: bool = False,
+    ):
         super().__init__()
         self.num_features, self.group_size, self.eps = num_features, group_size, eps
+        self.autocast_output = autocast_output
         c = _check_fields("num_features", num_features, group_size)
         self.weight = nn.Parameter(torch.ones(c))
         self.bias = nn.Parameter(torch.zeros(c))
         self._cache = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w, b = self._cached(None, self._expanded) if self._caches() else self._expanded()
-        return F.layer_norm(x, (self.num_features,), w, b, self.eps)
+        out = _autocast_dtype(x) if self.autocast_output else None
+        if not fused_layer_norm_applies(x, self.weight, self.group_size, out) and self._caches():
+            w, b = self._cached(None, self._expanded)
+            y = F.layer_norm(x, (self.num_features,), w, b, self.eps)
+            return y if out is None else y.to(out)
+        return group_layer_norm(x, self.weight, self.bias, self.eps, self.group_size, out)
 
     def _expanded(self) -> tuple[torch.Tensor, torch.Tensor]:
         # Each parameter once per group copy (index o*G + g): one copy kernel (repeat_interleave launches
@@ -154,7 +175,8 @@ class GroupLayerNorm(ParamCache, nn.Module):
         return tuple(t.unsqueeze(-1).expand(-1, G).reshape(-1) for t in (self.weight, self.bias))
 
     def extra_repr(self) -> str:
-        return f"{self.num_features}, group_size={self.group_size}, eps={self.eps}"
+        extra = ", autocast_output=True" if self.autocast_output else ""
+        return f"{self.num_features}, group_size={self.group_size}, eps={self.eps}{extra}"
 
 
 class LiftingPatchEmbed(nn.Module):

@@ -132,10 +132,10 @@ class SwinBlock(nn.Module):
         if not 0 <= shift_size < window_size:
             raise ValueError(f"shift_size={shift_size} must be in [0, window_size={window_size})")
         self.window_size, self.shift_size = window_size, shift_size
-        self.norm1 = variant.norm(dim, eps)
+        self.norm1 = variant.norm(dim, eps, feeds_linear=True)
         self.attn = Attention(variant, dim, num_heads)
         self.rel_bias = RelativePositionBias(window_size, num_heads, variant.group_size)
-        self.norm2 = variant.norm(dim, eps)
+        self.norm2 = variant.norm(dim, eps, feeds_linear=True)
         self.mlp = Mlp(variant, dim, int(dim * mlp_ratio))
 
     def attn_mask(self, H: int, W: int, device, dtype) -> torch.Tensor:
@@ -185,7 +185,7 @@ class PatchMerging(nn.Module):
     def __init__(self, variant: Variant, dim: int, eps: float):
         super().__init__()
         self.dim, self.group_size = dim, variant.group_size
-        self.norm = variant.norm(4 * dim, eps)
+        self.norm = variant.norm(4 * dim, eps, feeds_linear=True)
         self.reduction = variant.linear(4 * dim, 2 * dim, False)
         G = self.group_size
         if G > 1:

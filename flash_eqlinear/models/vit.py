@@ -41,9 +41,9 @@ class Block(nn.Module):
 
     def __init__(self, variant: Variant, dim: int, num_heads: int, mlp_ratio: float, eps: float):
         super().__init__()
-        self.norm1 = variant.norm(dim, eps)
+        self.norm1 = variant.norm(dim, eps, feeds_linear=True)
         self.attn = Attention(variant, dim, num_heads)
-        self.norm2 = variant.norm(dim, eps)
+        self.norm2 = variant.norm(dim, eps, feeds_linear=True)
         self.mlp = Mlp(variant, dim, int(dim * mlp_ratio))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

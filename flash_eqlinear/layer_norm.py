@@ -1,0 +1,170 @@
+"""Group LayerNorm: LayerNorm over all ``C = c*G`` channels with affine parameters shared by the G group
+copies of each field, as a fused CUDA op for G = 4 and as stock torch ops elsewhere.
+
+``flash_eqlinear::group_layer_norm_fwd(x (M, 4c), weight (c,), bias (c,), eps, out_dtype) -> (y, mean, rstd)``
+and ``group_layer_norm_bwd`` (csrc/eq_group_layer_norm.h) compute it in one pass over x forward and one over
+(grad_y, x) backward, grad_x and the parameters' gradients together, where stock ops take LayerNorm, the
+expanded parameters, two backward kernels and the reductions over the group copies. With ``out_dtype`` the
+forward also writes its output in that dtype: under autocast a LayerNorm whose output only feeds linear layers
+can hand them the autocast dtype they would cast it to (the same values, rounded once), one pass over the
+activations less than LayerNorm + cast (``GroupLayerNorm(autocast_output=True)``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from .ops import _autocast_dtype, backend_for, kernels_available
+
+__all__ = ["group_layer_norm", "fused_layer_norm_applies"]
+
+_MAX_FIELDS = 512  # the kernels' limit: c <= 512 (C <= 2048 channels per row)
+
+
+def fused_layer_norm_applies(x: torch.Tensor, weight: torch.Tensor, group_size: int, out_dtype) -> bool:
+    """Whether :func:`group_layer_norm` runs the fused CUDA op for these arguments: the kernels built, G = 4,
+    a CUDA x of float32 / float16 / bfloat16 with ``c <= 512`` fields, eager (not under torch.compile, where
+    Inductor fuses LayerNorm with its neighbours, nor under functorch transforms), and an output dtype the
+    kernels write (x's, or any for a float32 x; under autocast only a float32 x, whose LayerNorm autocast
+    computes in float32 as it is). ``FLASH_EQLINEAR_FUSED_NORM=0`` turns it off (read per call)."""
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return False
+    if backend_for(x, group_size) != "cuda" or os.environ.get("FLASH_EQLINEAR_FUSED_NORM", "1") == "0":
+        return False
+    if weight.dim() != 1 or weight.shape[0] > _MAX_FIELDS or not weight.is_floating_point():
+        return False
+    if x.dtype != torch.float32 and (out_dtype not in (None, x.dtype) or _autocast_dtype(x) is not None):
+        return False
+    return True
+
+
+def group_layer_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float = 1e-5,
+    group_size: int = 4,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """LayerNorm over x's last dimension (``C = c * group_size`` channels, index ``o * G + g``) with
+    ``weight`` and ``bias`` of shape ``(c,)`` shared by the G copies of each field:
+    ``F.layer_norm(x, (C,), weight_e, bias_e, eps)`` with ``weight_e[o * G + g] = weight[o]``, then cast to
+    ``out_dtype`` if given. Same function on every path, up to rounding; under autocast (as ``F.layer_norm``)
+    computed in float32, the output float32 unless ``out_dtype`` says otherwise. The fused CUDA op runs where
+    :func:`fused_layer_norm_applies`; stock torch ops elsewhere."""
+    C = x.shape[-1]
+    if weight.dim() != 1 or bias.shape != weight.shape or C != weight.shape[0] * group_size:
+        raise ValueError(
+            f"group_layer_norm: weight and bias must have shape (c,) with c * group_size = {C} channels "
+            f"(group_size {group_size}), got weight {tuple(weight.shape)} and bias {tuple(bias.shape)}"
+        )
+    if fused_layer_norm_applies(x, weight, group_size, out_dtype):
+        return _fused(x, weight, bias, eps, out_dtype or x.dtype)
+    w, b = (t.unsqueeze(-1).expand(-1, group_size).reshape(-1) for t in (weight, bias))
+    y = F.layer_norm(x, (C,), w, b, eps)
+    return y if out_dtype is None else y.to(out_dtype)
+
+
+def _fused(x, weight, bias, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad):
+        y = _GroupLayerNormFunction.apply(x2, weight, bias, eps, out_dtype)
+    else:
+        with torch._C._AutoDispatchBelowAutograd():
+            y = torch.ops.flash_eqlinear.group_layer_norm_fwd(x2, weight, bias, eps, out_dtype)[0]
+    return y.view(x.shape)
+
+
+def _grads(ctx, grad_y):
+    """(grad_x, grad_weight, grad_bias) as the context asks for them; with create_graph=True by stock ops on
+    the saved tensors, so that they are differentiable themselves (gradient penalties, double backward)."""
+    x, weight, mean, rstd = ctx.saved_tensors
+    needs_x, needs_wb = ctx.needs_input_grad[0], ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+    if torch.is_grad_enabled():
+        return _differentiable_grads(grad_y, x, weight, ctx.eps, needs_x, needs_wb)
+    gx, gw, gb = torch.ops.flash_eqlinear.group_layer_norm_bwd(
+        grad_y, x, weight, mean, rstd, needs_x, needs_wb
+    )
+    return gx if needs_x else None, gw if needs_wb else None, gb if needs_wb else None
+
+
+def _differentiable_grads(grad_y, x, weight, eps, needs_x, needs_wb):
+    G = x.shape[-1] // weight.shape[0]
+    xf, g = x.float(), grad_y.float()
+    mean = xf.mean(-1, keepdim=True)
+    rstd = torch.rsqrt((xf - mean).square().mean(-1, keepdim=True) + eps)
+    xhat = (xf - mean) * rstd
+    gx = gw = gb = None
+    if needs_x:
+        gwe = g * weight.float().unsqueeze(-1).expand(-1, G).reshape(-1)
+        gx = rstd * (gwe - gwe.mean(-1, keepdim=True) - xhat * (gwe * xhat).mean(-1, keepdim=True))
+        gx = gx.to(x.dtype)
+    if needs_wb:
+        gw = (g * xhat).sum(0).view(-1, G).sum(-1).to(weight.dtype)
+        gb = g.sum(0).view(-1, G).sum(-1).to(weight.dtype)
+    return gx, gw, gb
+
+
+class _GroupLayerNormFunction(torch.autograd.Function):
+    """The fused forward and backward ops as one autograd node, for eager calls (the registered autograd
+    kernel below does the same for the op called directly, e.g. under torch.compile, at more host cost)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, out_dtype):
+        with torch._C._AutoDispatchBelowAutograd():
+            y, mean, rstd = torch.ops.flash_eqlinear.group_layer_norm_fwd(x, weight, bias, eps, out_dtype)
+        ctx.eps = eps
+        ctx.save_for_backward(x, weight, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        return *_grads(ctx, grad_y), None, None
+
+
+if kernels_available():
+
+    @torch.library.register_fake("flash_eqlinear::group_layer_norm_fwd")
+    def _group_layer_norm_fwd_fake(x, weight, bias, eps, out_dtype):
+        torch._check(
+            x.dim() == 2 and weight.dim() == 1 and x.shape[1] == 4 * weight.shape[0],
+            lambda: f"group_layer_norm_fwd: want x (M, 4c), weight (c,), got {x.shape}, {weight.shape}",
+        )
+        torch._check(
+            out_dtype == x.dtype or x.dtype == torch.float32,
+            lambda: f"group_layer_norm_fwd: out_dtype {out_dtype} for x of {x.dtype}",
+        )
+        M = x.shape[0]
+        return (
+            x.new_empty(x.shape, dtype=out_dtype),
+            x.new_empty((M,), dtype=torch.float32),
+            x.new_empty((M,), dtype=torch.float32),
+        )
+
+    @torch.library.register_fake("flash_eqlinear::group_layer_norm_bwd")
+    def _group_layer_norm_bwd_fake(grad_y, x, weight, mean, rstd, needs_x, needs_wb):
+        torch._check(
+            grad_y.shape == x.shape and x.dim() == 2 and x.shape[1] == 4 * weight.shape[0],
+            lambda: f"group_layer_norm_bwd: want grad_y and x (M, 4c), got {grad_y.shape}, {x.shape}",
+        )
+        c = weight.shape[0]
+        return (
+            x.new_empty(x.shape if needs_x else (0,)),
+            weight.new_empty((c,) if needs_wb else (0,)),
+            weight.new_empty((c,) if needs_wb else (0,)),
+        )
+
+    def _setup_context(ctx, inputs, output):
+        x, weight, _, eps, _ = inputs
+        ctx.eps = eps
+        ctx.save_for_backward(x, weight, output[1], output[2])
+
+    def _backward(ctx, grad_y, _grad_mean, _grad_rstd):
+        return *_grads(ctx, grad_y), None, None
+
+    torch.library.register_autograd(
+        "flash_eqlinear::group_layer_norm_fwd", _backward, setup_context=_setup_context
+    )
