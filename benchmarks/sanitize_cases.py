@@ -18,10 +18,23 @@ SHAPES += [(5000, 40, 200), (20000, 3, 200)]  # FP32 tiled: more tiles than bloc
 # three-product GEMM form), wgrad (the 16-bit weight gradient on shapes of its Hopper kernel), mlp (the
 # Hopper kernel's GELU epilogue), cast (an FP32 x under autocast: eq_linear_fwd_cast and the FP32 grad_x
 # of the Hopper kernel), wgrad-normal / wgrad-swapped (one operand role of wgrad's), hopper (the Hopper
-# forward alone, its clusters forced; not in the default list), split3 (a layer's output in three parts);
+# forward alone, its clusters forced; not in the default list), split3 (a layer's output in three parts),
+# norm (the group LayerNorm, forward and backward, each fields-per-lane variant and dtype pair);
 # "quick": the weight-gradient sets without their largest shapes (racecheck runs each launch ~100x
 # slower).
-DIRECTIONS = sys.argv[1:] or ["fwd", "bwd", "dft", "tiles", "gemm", "gauss", "wgrad", "mlp", "cast", "split3"]
+DIRECTIONS = sys.argv[1:] or [
+    "fwd",
+    "bwd",
+    "dft",
+    "tiles",
+    "gemm",
+    "gauss",
+    "wgrad",
+    "mlp",
+    "cast",
+    "split3",
+    "norm",
+]
 BWD_SHAPES = SHAPES + [(5000, 48, 59), (3000, 64, 128)]
 if "quick" in DIRECTIONS:
     BWD_SHAPES = [s for s in BWD_SHAPES if s[0] <= 5000]
@@ -253,5 +266,35 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16) if "dft" in DIRECTIO
         for input in (True, False):
             _, sums = torch.ops.flash_eqlinear.eq_group_dft(t, input, True)
             assert rel_err(sums, want) < TOL[dtype], ("group_dft", dtype, M, n, input)
+# The group LayerNorm: each fields-per-lane width (c <= 32, 64, ..., 512), ragged rows, each dtype pair,
+# grad_x with and without the parameters' partial sums.
+ln_fwd, ln_bwd = torch.ops.flash_eqlinear.group_layer_norm_fwd, torch.ops.flash_eqlinear.group_layer_norm_bwd
+LN_PAIRS = [(torch.float32, torch.float32), (torch.float32, torch.bfloat16), (torch.float16, torch.float16)]
+LN_PAIRS += [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float16)]
+for xt, yt in LN_PAIRS if "norm" in DIRECTIONS else ():
+    for M, c in [
+        (1, 1),
+        (37, 33),
+        (129, 64),
+        (70, 100),
+        (300, 192),
+        (33, 256),
+        (17, 320),
+        (5, 512),
+        (3000, 24),
+    ]:
+        x = torch.randn(M, 4 * c, device="cuda").to(xt)
+        w, b = torch.randn(c, device="cuda"), torch.randn(c, device="cuda")
+        y, mean, rstd = ln_fwd(x, w, b, 1e-5, yt)
+        x64 = x.double().requires_grad_()
+        ref = torch.nn.functional.layer_norm(
+            x64, (4 * c,), w.double().repeat_interleave(4), b.double().repeat_interleave(4)
+        )
+        assert rel_err(y, ref) < TOL[yt], ("norm", xt, yt, M, c)
+        gy = torch.randn(M, 4 * c, device="cuda").to(yt)
+        (gx_want,) = torch.autograd.grad(ref, x64, gy.double())
+        for needs_wb in (True, False):
+            gx = ln_bwd(gy, x, w, mean, rstd, True, needs_wb)[0]
+            assert rel_err(gx, gx_want) < 4 * TOL[xt], ("norm bwd", xt, yt, M, c, needs_wb)
 torch.cuda.synchronize()
 print("sanitize cases OK")

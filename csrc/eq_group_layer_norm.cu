@@ -65,13 +65,15 @@ __global__ void __launch_bounds__(kWarps * 32) group_ln_fwd_kernel(const GroupLa
   if (row >= p.M) return;  // whole warps
   const int c = p.c;
   const TX* xr = static_cast<const TX*>(p.x) + row * (4 * int64_t(c));
-  float v[kV][4];
+  float v[kV][4], w[kV], b[kV];  // the parameters loaded with x, not after the reductions
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < kV; ++i) {
     const int o = lane + 32 * i;
     if (o < c) {
       load4(xr + 4 * o, v[i]);
+      w[i] = p.weight[o];
+      b[i] = p.bias[o];
       s += (v[i][0] + v[i][1]) + (v[i][2] + v[i][3]);
     } else {
       v[i][0] = v[i][1] = v[i][2] = v[i][3] = 0.f;
@@ -96,10 +98,9 @@ __global__ void __launch_bounds__(kWarps * 32) group_ln_fwd_kernel(const GroupLa
   for (int i = 0; i < kV; ++i) {
     const int o = lane + 32 * i;
     if (o < c) {
-      const float w = p.weight[o], b = p.bias[o];
       float out[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) out[e] = fmaf(v[i][e] * rstd, w, b);
+      for (int e = 0; e < 4; ++e) out[e] = fmaf(v[i][e] * rstd, w[i], b[i]);
       store4(yr + 4 * o, out);
     }
   }
