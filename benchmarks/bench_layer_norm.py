@@ -1,6 +1,7 @@
 """The group LayerNorm of the equivariant models against the stock forms, as an eager training step runs it.
 
-Under bf16 autocast, for an FP32 activation x (M, C) feeding a linear layer, forward + backward of:
+Under bf16 autocast, for an activation x (M, C) feeding a linear layer (FP32, or bf16 as the residual stream
+of EQ-ViT / ViT under autocast, which F.layer_norm casts to FP32 first), forward + backward of:
   * ``nn.LayerNorm`` + the cast the linear layer's autocast makes (the plain ViT's norm);
   * ``GroupLayerNorm`` on stock ops (``F.layer_norm`` with the expanded shared parameters, then the cast;
     ``FLASH_EQLINEAR_FUSED_NORM=0``);
@@ -28,6 +29,11 @@ from common import RESULTS, bench, env_switch, environment, n_buffers, save_json
 from flash_eqlinear.models.layers import GroupLayerNorm  # noqa: E402
 
 
+def forward(norm, x):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        return norm(x)
+
+
 def step(norm, x, gy):
     with torch.autocast("cuda", dtype=torch.bfloat16):
         y = norm(x)
@@ -37,6 +43,7 @@ def step(norm, x, gy):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="25216x768,25216x1024,32768x2048", help="comma list of MxC")
+    ap.add_argument("--x-dtypes", default="float32,bfloat16", help="comma list: x's dtype")
     args = ap.parse_args(argv)
     env = environment()
     src = torch.empty(2**28, device="cuda").normal_()
@@ -44,35 +51,40 @@ def main(argv=None) -> int:
     copy_tbps = 2 * src.numel() * 4 / bench(lambda: dst.copy_(src), [()], min_time_s=0.3) / 1e9
     src = dst = None
     rows = []
-    for shape in args.shapes.split(","):
+    for shape, xdt in ((s, d) for d in args.x_dtypes.split(",") for s in args.shapes.split(",")):
         M, C = (int(v) for v in shape.split("x"))
+        xdtype = getattr(torch, xdt)
         forms = {
             "nn.LayerNorm + cast": torch.nn.LayerNorm(C),
             "GroupLayerNorm, stock ops": GroupLayerNorm(C, autocast_output=True),
             "GroupLayerNorm, fused": GroupLayerNorm(C, autocast_output=True),
         }
         n = n_buffers(M * C * 6)
-        xs = [torch.randn(M, C, device="cuda", requires_grad=True) for _ in range(n)]
+        xs = [torch.randn(M, C, device="cuda", dtype=xdtype, requires_grad=True) for _ in range(n)]
         gys = [torch.randn(M, C, device="cuda", dtype=torch.bfloat16) for _ in range(n)]
-        # bytes at least: forward x (4) + y (2), backward grad_y (2) + x (4) + grad_x (4) per element
-        floor_ms = M * C * 16 / (copy_tbps * 1e12) * 1e3
+        # bytes at least per element: forward x + y (2), backward grad_y (2) + x + grad_x
+        floor_ms = M * C * (4 + 3 * xs[0].element_size()) / (copy_tbps * 1e12) * 1e3
         for name, norm in forms.items():
             norm = norm.cuda()
             with env_switch("FLASH_EQLINEAR_FUSED_NORM", "0" if "stock" in name else "1"):
-                fwd = bench(lambda x, _n=norm: _n(x), [(x.detach(),) for x in xs], min_calls=4)  # noqa: B023
+                fwd = bench(lambda x, _n=norm: forward(_n, x), [(x.detach(),) for x in xs], min_calls=4)
                 train = bench(
                     lambda x, g, _n=norm: step(_n, x, g), list(zip(xs, gys, strict=True)), min_calls=4
                 )
-            rows.append(dict(M=M, C=C, form=name, fwd_ms=fwd, train_ms=train, floor_ms=floor_ms))
-            print(f"{M}x{C} {name:28s} forward {fwd:.4f} ms  forward + backward {train:.4f} ms", flush=True)
+            rows.append(dict(M=M, C=C, x=xdt, form=name, fwd_ms=fwd, train_ms=train, floor_ms=floor_ms))
+            print(
+                f"{M}x{C} {xdt} {name:28s} forward {fwd:.4f} ms  forward + backward {train:.4f} ms",
+                flush=True,
+            )
     lines = [
-        f"Group LayerNorm, eager, bf16 autocast, FP32 x; {env['gpu']}, torch {env['torch']}, {env['commit']}",
+        f"Group LayerNorm, eager, bf16 autocast; {env['gpu']}, torch {env['torch']}, {env['commit']}",
         "",
-        "| M x C | form | forward ms | forward + backward ms | floor ms (16 B / element)",
-        "|---|---|---|---|---",
+        "| M x C | x | form | forward ms | forward + backward ms | floor ms (both)",
+        "|---|---|---|---|---|---",
     ]
     lines += [
-        f"| {r['M']} x {r['C']} | {r['form']} | {r['fwd_ms']:.4f} | {r['train_ms']:.4f} | {r['floor_ms']:.4f}"
+        f"| {r['M']} x {r['C']} | {r['x']} | {r['form']} | "
+        f"{r['fwd_ms']:.4f} | {r['train_ms']:.4f} | {r['floor_ms']:.4f}"
         for r in rows
     ]
     md = "\n".join(lines)

@@ -27,18 +27,26 @@ _MAX_FIELDS = 512  # the kernels' limit: c <= 512 (C <= 2048 channels per row)
 def fused_layer_norm_applies(x: torch.Tensor, weight: torch.Tensor, group_size: int, out_dtype) -> bool:
     """Whether :func:`group_layer_norm` runs the fused CUDA op for these arguments: the kernels built, G = 4,
     a CUDA x of float32 / float16 / bfloat16 with ``c <= 512`` fields, eager (not under torch.compile, where
-    Inductor fuses LayerNorm with its neighbours, nor under functorch transforms), and an output dtype the
-    kernels write (x's, or any for a float32 x; under autocast only a float32 x, whose LayerNorm autocast
-    computes in float32 as it is). ``FLASH_EQLINEAR_FUSED_NORM=0`` turns it off (read per call)."""
+    Inductor fuses LayerNorm with its neighbours, nor under functorch transforms), and a result dtype the
+    kernels write: x's, or any for a float32 x (the result dtype is ``out_dtype`` if given, else float32
+    under autocast, else x's). ``FLASH_EQLINEAR_FUSED_NORM=0`` turns it off (read per call)."""
+    return _fused_dtype(x, weight, group_size, out_dtype) is not None
+
+
+def _fused_dtype(x, weight, group_size, out_dtype) -> torch.dtype | None:
+    """The dtype the fused op writes for these arguments, None where it does not run."""
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-        return False
+        return None
     if backend_for(x, group_size) != "cuda" or os.environ.get("FLASH_EQLINEAR_FUSED_NORM", "1") == "0":
-        return False
+        return None
     if weight.dim() != 1 or weight.shape[0] > _MAX_FIELDS or not weight.is_floating_point():
-        return False
-    if x.dtype != torch.float32 and (out_dtype not in (None, x.dtype) or _autocast_dtype(x) is not None):
-        return False
-    return True
+        return None
+    # Under autocast F.layer_norm computes in float32 (as the op does for any x) and returns float32.
+    dtype = out_dtype or (torch.float32 if _autocast_dtype(x) is not None else x.dtype)
+    kernel_writes = dtype == x.dtype or (
+        x.dtype == torch.float32 and dtype in (torch.float16, torch.bfloat16)
+    )
+    return dtype if kernel_writes else None
 
 
 def group_layer_norm(
@@ -61,8 +69,9 @@ def group_layer_norm(
             f"group_layer_norm: weight and bias must have shape (c,) with c * group_size = {C} channels "
             f"(group_size {group_size}), got weight {tuple(weight.shape)} and bias {tuple(bias.shape)}"
         )
-    if fused_layer_norm_applies(x, weight, group_size, out_dtype):
-        return _fused(x, weight, bias, eps, out_dtype or x.dtype)
+    dtype = _fused_dtype(x, weight, group_size, out_dtype)
+    if dtype is not None:
+        return _fused(x, weight, bias, eps, dtype)
     w, b = (t.unsqueeze(-1).expand(-1, group_size).reshape(-1) for t in (weight, bias))
     y = F.layer_norm(x, (C,), w, b, eps)
     return y if out_dtype is None else y.to(out_dtype)

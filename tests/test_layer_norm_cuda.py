@@ -152,6 +152,23 @@ def test_module_under_autocast():
     assert rel_l2(gx, x.grad) < 1e-2 and rel_l2(gw, norm.weight.grad) < 1e-2
 
 
+def test_module_with_16bit_input_under_autocast():
+    """A bf16 x (the residual stream of a model under autocast): F.layer_norm computes in float32 and returns
+    float32; with autocast_output the fused op writes bf16 straight from bf16, else the stock ops run."""
+    norm = GroupLayerNorm(384, autocast_output=True).to(DEV)
+    x = torch.randn(2, 50, 384, device=DEV).bfloat16().requires_grad_()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        assert fused_layer_norm_applies(x, norm.weight, 4, torch.bfloat16)
+        assert not fused_layer_norm_applies(x, norm.weight, 4, None)
+        y = norm(x)
+        want = stock(x.detach().float(), norm.weight.detach(), norm.bias.detach(), torch.bfloat16)
+        assert y.dtype == torch.bfloat16 and rel_l2(y, want) < 1e-3
+        y.float().sum().backward()
+        assert x.grad.dtype == torch.bfloat16
+        norm.autocast_output = False
+        assert norm(x).dtype == torch.float32
+
+
 def test_compiled_module_matches_eager():
     norm = GroupLayerNorm(256, autocast_output=True).to(DEV)
     x = torch.randn(3, 50, 256, device=DEV)
