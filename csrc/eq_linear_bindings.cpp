@@ -961,7 +961,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_layer_norm_bwd(const at::Te
                 c10::toString(t->scalar_type()));
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor gx = needs_x ? at::empty_like(x, at::MemoryFormat::Contiguous) : x.new_empty({0});
-  at::Tensor gw = weight.new_empty({needs_wb ? c : 0}), gb = weight.new_empty({needs_wb ? c : 0});
+  at::Tensor gw = weight.new_empty({0}), gb = weight.new_empty({0});
   if (!needs_x && !needs_wb) return {gx, gw, gb};
   const at::Tensor gys = aligned16(grad_y.contiguous()), xs = aligned16(x.contiguous());
   const at::Tensor w = weight.to(at::kFloat).contiguous();
@@ -982,9 +982,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_layer_norm_bwd(const at::Te
                                                   at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
   if (needs_wb) {
-    const at::Tensor sums = partials.sum(1);  // (2, c): the blocks' partials, summed in a fixed order
-    gw.copy_(sums[0]);
-    gb.copy_(sums[1]);
+    // (2, c): the blocks' partials summed in a fixed order; FP32 parameters take its rows as they are.
+    const at::Tensor sums = partials.sum(1).to(weight.scalar_type());
+    gw = sums[0];
+    gb = sums[1];
   }
   return {gx, gw, gb};
 }

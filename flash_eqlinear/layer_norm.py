@@ -30,11 +30,12 @@ def fused_layer_norm_applies(x: torch.Tensor, weight: torch.Tensor, group_size: 
     Inductor fuses LayerNorm with its neighbours, nor under functorch transforms), and a result dtype the
     kernels write: x's, or any for a float32 x (the result dtype is ``out_dtype`` if given, else float32
     under autocast, else x's). ``FLASH_EQLINEAR_FUSED_NORM=0`` turns it off (read per call)."""
-    return _fused_dtype(x, weight, group_size, out_dtype) is not None
+    return fused_dtype(x, weight, group_size, out_dtype) is not None
 
 
-def _fused_dtype(x, weight, group_size, out_dtype) -> torch.dtype | None:
-    """The dtype the fused op writes for these arguments, None where it does not run."""
+def fused_dtype(x, weight, group_size, out_dtype) -> torch.dtype | None:
+    """The dtype the fused op writes for these arguments (:func:`fused_group_layer_norm`'s ``dtype``), None
+    where it does not run (:func:`fused_layer_norm_applies`)."""
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         return None
     if backend_for(x, group_size) != "cuda" or os.environ.get("FLASH_EQLINEAR_FUSED_NORM", "1") == "0":
@@ -69,21 +70,23 @@ def group_layer_norm(
             f"group_layer_norm: weight and bias must have shape (c,) with c * group_size = {C} channels "
             f"(group_size {group_size}), got weight {tuple(weight.shape)} and bias {tuple(bias.shape)}"
         )
-    dtype = _fused_dtype(x, weight, group_size, out_dtype)
+    dtype = fused_dtype(x, weight, group_size, out_dtype)
     if dtype is not None:
-        return _fused(x, weight, bias, eps, dtype)
+        return fused_group_layer_norm(x, weight, bias, eps, dtype)
     w, b = (t.unsqueeze(-1).expand(-1, group_size).reshape(-1) for t in (weight, bias))
     y = F.layer_norm(x, (C,), w, b, eps)
     return y if out_dtype is None else y.to(out_dtype)
 
 
-def _fused(x, weight, bias, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
+def fused_group_layer_norm(x, weight, bias, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    """The fused op on x (..., 4c) with output dtype ``dtype``, where :func:`fused_dtype` gave it (checked
+    there; GroupLayerNorm calls both, one decision per call)."""
     x2 = x.reshape(-1, x.shape[-1])
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad):
-        y = _GroupLayerNormFunction.apply(x2, weight, bias, eps, out_dtype)
+        y = _GroupLayerNormFunction.apply(x2, weight, bias, eps, dtype)
     else:
         with torch._C._AutoDispatchBelowAutograd():
-            y = torch.ops.flash_eqlinear.group_layer_norm_fwd(x2, weight, bias, eps, out_dtype)[0]
+            y = torch.ops.flash_eqlinear.group_layer_norm_fwd(x2, weight, bias, eps, dtype)[0]
     return y.view(x.shape)
 
 

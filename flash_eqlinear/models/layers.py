@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..layer_norm import fused_layer_norm_applies, group_layer_norm
+from ..layer_norm import fused_dtype, fused_group_layer_norm, group_layer_norm
 from ..modules import FlashEQLinear, NaiveEQLinear, ParamCache
 from ..ops import _autocast_dtype, flash_eq_mlp
 from ..swap import is_naive_eq_linear
@@ -162,7 +162,10 @@ class GroupLayerNorm(ParamCache, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = _autocast_dtype(x) if self.autocast_output else None
-        if not fused_layer_norm_applies(x, self.weight, self.group_size, out) and self._caches():
+        dtype = fused_dtype(x, self.weight, self.group_size, out)
+        if dtype is not None:
+            return fused_group_layer_norm(x, self.weight, self.bias, self.eps, dtype)
+        if self._caches():
             w, b = self._cached(None, self._expanded)
             y = F.layer_norm(x, (self.num_features,), w, b, self.eps)
             return y if out is None else y.to(out)
