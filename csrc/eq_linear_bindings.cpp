@@ -981,11 +981,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_layer_norm_bwd(const at::Te
   const cudaError_t err = eq_group_layer_norm_bwd(p, elem_type(x.scalar_type()), elem_type(grad_y.scalar_type()),
                                                   at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
-  if (needs_wb) {
-    // (2, c): the blocks' partials summed in a fixed order; FP32 parameters take its rows as they are.
-    const at::Tensor sums = partials.sum(1).to(weight.scalar_type());
-    gw = sums[0];
-    gb = sums[1];
+  if (needs_wb) {  // the blocks' partials summed in a fixed order, one fresh tensor each (outputs never alias)
+    gw = partials[0].sum(0).to(weight.scalar_type());
+    gb = partials[1].sum(0).to(weight.scalar_type());
   }
   return {gx, gw, gb};
 }
