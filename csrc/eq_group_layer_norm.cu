@@ -57,6 +57,20 @@ template <class T> __device__ __forceinline__ void store4(T* p, const float (&v)
   }
 }
 
+// Stores f(i, e) for copy e of the lane's field i (o = lane + 32 i < c) of a row.
+template <int kV, class T, class F> __device__ __forceinline__ void store_row(T* row, int lane, int c, F&& f) {
+#pragma unroll
+  for (int i = 0; i < kV; ++i) {
+    const int o = lane + 32 * i;
+    if (o < c) {
+      float out[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[e] = f(i, e);
+      store4(row + 4 * o, out);
+    }
+  }
+}
+
 // kV: fields per lane (c <= 32 kV); one row per warp.
 template <class TX, class TY, int kV>
 __global__ void __launch_bounds__(kWarps * 32) group_ln_fwd_kernel(const GroupLayerNormFwdParams p) {
@@ -93,17 +107,8 @@ __global__ void __launch_bounds__(kWarps * 32) group_ln_fwd_kernel(const GroupLa
     }
   }
   const float rstd = rsqrtf(warp_sum(q) * inv_n + p.eps);
-  TY* yr = static_cast<TY*>(p.y) + row * (4 * int64_t(c));
-#pragma unroll
-  for (int i = 0; i < kV; ++i) {
-    const int o = lane + 32 * i;
-    if (o < c) {
-      float out[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) out[e] = fmaf(v[i][e] * rstd, w[i], b[i]);
-      store4(yr + 4 * o, out);
-    }
-  }
+  store_row<kV>(static_cast<TY*>(p.y) + row * (4 * int64_t(c)), lane, c,
+                [&](int i, int e) { return fmaf(v[i][e] * rstd, w[i], b[i]); });
   if (lane == 0) {
     p.mean[row] = mean;
     p.rstd[row] = rstd;
@@ -153,17 +158,8 @@ __global__ void __launch_bounds__(kWarps * 32) group_ln_bwd_kernel(const GroupLa
     if (p.grad_x != nullptr) {  // uniform over the grid
       s1 = warp_sum(s1) * inv_n;
       s2 = warp_sum(s2) * inv_n;
-      TX* gx = static_cast<TX*>(p.grad_x) + row * n;
-#pragma unroll
-      for (int i = 0; i < kV; ++i) {
-        const int o = lane + 32 * i;
-        if (o < c) {
-          float out[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) out[e] = rstd * (gw[i][e] - s1 - xh[i][e] * s2);
-          store4(gx + 4 * o, out);
-        }
-      }
+      store_row<kV>(static_cast<TX*>(p.grad_x) + row * n, lane, c,
+                    [&](int i, int e) { return rstd * (gw[i][e] - s1 - xh[i][e] * s2); });
     }
   }
   if (p.partials == nullptr) return;
