@@ -22,14 +22,17 @@ from .ops import _autocast_dtype, backend_for, kernels_available
 __all__ = ["group_layer_norm", "fused_layer_norm_applies"]
 
 _MAX_FIELDS = 512  # the kernels' limit: c <= 512 (C <= 2048 channels per row)
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def fused_layer_norm_applies(x: torch.Tensor, weight: torch.Tensor, group_size: int, out_dtype) -> bool:
     """Whether :func:`group_layer_norm` runs the fused CUDA op for these arguments: the kernels built, G = 4,
     a CUDA x of float32 / float16 / bfloat16 with ``c <= 512`` fields, eager (not under torch.compile, where
-    Inductor fuses LayerNorm with its neighbours, nor under functorch transforms), and a result dtype the
+    Inductor fuses LayerNorm with its neighbours, nor under functorch transforms), a result dtype the
     kernels write: x's, or any for a float32 x (the result dtype is ``out_dtype`` if given, else float32
-    under autocast, else x's). ``FLASH_EQLINEAR_FUSED_NORM=0`` turns it off (read per call)."""
+    under autocast, else x's), and a pass saved: a gradient to compute, or a cast on either side (the result's
+    dtype differs from x's, or autocast would upcast a 16-bit x). ``FLASH_EQLINEAR_FUSED_NORM=0`` turns it
+    off (read per call)."""
     return fused_dtype(x, weight, group_size, out_dtype) is not None
 
 
@@ -43,11 +46,17 @@ def fused_dtype(x, weight, group_size, out_dtype) -> torch.dtype | None:
     if weight.dim() != 1 or weight.shape[0] > _MAX_FIELDS or not weight.is_floating_point():
         return None
     # Under autocast F.layer_norm computes in float32 (as the op does for any x) and returns float32.
-    dtype = out_dtype or (torch.float32 if _autocast_dtype(x) is not None else x.dtype)
-    kernel_writes = dtype == x.dtype or (
-        x.dtype == torch.float32 and dtype in (torch.float16, torch.bfloat16)
+    autocast = _autocast_dtype(x) is not None
+    dtype = out_dtype or (torch.float32 if autocast else x.dtype)
+    kernel_writes = dtype == x.dtype or (x.dtype == torch.float32 and dtype in _HALF)
+    # Where the op saves nothing (no gradient, no cast on either side: one LayerNorm kernel either way, e.g.
+    # inference in the model's dtype), F.layer_norm runs as it is.
+    saves = (
+        dtype != x.dtype
+        or (autocast and x.dtype != torch.float32)
+        or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
     )
-    return dtype if kernel_writes else None
+    return dtype if kernel_writes and saves else None
 
 
 def group_layer_norm(

@@ -97,8 +97,19 @@ def test_views_and_leading_dims():
     """A misaligned, non-contiguous x with leading dimensions: as its contiguous copy."""
     base = torch.randn(2, 9, 4 * 48 + 1, device=DEV)
     x = base[..., 1:]  # 4-byte offset rows: not 16-byte aligned, not contiguous
-    w, b = torch.randn(48, device=DEV), torch.randn(48, device=DEV)
+    w, b = torch.randn(48, device=DEV, requires_grad=True), torch.randn(48, device=DEV)
+    assert fused_layer_norm_applies(x, w, 4, None)  # (w's gradient)
     assert torch.equal(group_layer_norm(x, w, b), group_layer_norm(x.contiguous(), w, b))
+
+
+def test_inference_without_casts_runs_stock_ops():
+    """No gradient and no cast to save: F.layer_norm as it is (one kernel either way)."""
+    x, w, b = inputs(64, 32, torch.float16)
+    assert not fused_layer_norm_applies(x, w, 4, None)
+    assert fused_layer_norm_applies(x.float(), w, 4, torch.float16)
+    with torch.autocast("cuda", dtype=torch.float16):
+        assert fused_layer_norm_applies(x, w, 4, torch.float16)  # autocast would upcast x and cast back
+        assert not fused_layer_norm_applies(x.float(), w, 4, None)
 
 
 def test_opcheck():
