@@ -136,9 +136,10 @@ class GroupLayerNorm(ParamCache, nn.Module):
     Mean and variance over all channels are invariant under any permutation of the group axis;
     ``weight`` and ``bias`` have shape ``(c,)`` and are expanded over the group axis. With G = 1
     this is ``nn.LayerNorm``. For G = 4 on CUDA it runs the fused op of
-    :func:`~flash_eqlinear.layer_norm.group_layer_norm` in eager mode (one pass forward, one backward);
-    elsewhere ``F.layer_norm`` with the expanded parameters, which in eval-mode inference are kept until
-    the parameters change (the rules of ``NaiveEQLinear``'s expanded weight).
+    :func:`~flash_eqlinear.layer_norm.group_layer_norm` in eager mode where that saves a pass (training,
+    casts under autocast: one pass forward, one backward); elsewhere ``F.layer_norm`` with the expanded
+    parameters, which in eval-mode inference are kept until the parameters change (the rules of
+    ``NaiveEQLinear``'s expanded weight).
 
     ``autocast_output=True``: under autocast the output comes in the autocast dtype (float32 otherwise, as
     ``F.layer_norm``'s): for a norm whose output only feeds linear layers, which cast it to that dtype
