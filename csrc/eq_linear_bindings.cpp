@@ -43,6 +43,10 @@ void check_device_supported(const at::Tensor& t) {
               ". Set FLASH_EQLINEAR_BACKEND=reference to use the pure-PyTorch path.");
 }
 
+// t, or where it was not computed (an output not needed) an empty (0,) tensor with options o: made only where
+// needed, as allocations cost host time per call.
+at::Tensor or_empty(const at::Tensor& t, const at::TensorOptions& o) { return t.defined() ? t : at::empty({0}, o); }
+
 // x itself when 16-byte aligned (the group DFT kernels read float4 rows), else an aligned copy.
 at::Tensor aligned16(const at::Tensor& x) {
   return reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 ? x : x.clone();
@@ -746,26 +750,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& grad_y, con
   const int64_t d = planes.size(1);
   const at::cuda::CUDAGuard guard(grad_y.device());
   const at::Tensor gy = grad_y.contiguous();
-  const auto none = [&] { return at::empty({0}, gy.options()); };
-  at::Tensor gx = none(), gp = none(), gb = none();
-  const auto widened = [&](const at::Tensor& g) { return gx_f32 && needs_x ? g.to(at::kFloat) : g; };
+  at::Tensor gx, gp, gb;  // undefined until computed; or_empty for the ones not needed
+  const auto out = [&]() -> std::tuple<at::Tensor, at::Tensor, at::Tensor> {
+    const at::Tensor x_out = gx_f32 && needs_x ? gx.to(at::kFloat) : gx;
+    return {or_empty(x_out, gy.options()), or_empty(gp, gy.options()), or_empty(gb, gy.options())};
+  };
   if (!gemm && (needs_p || needs_b)) {
     // The fused weight gradient first: its reduce kernel also makes grad_x's adjoint planes (one launch less).
     at::Tensor adj;
     const at::Tensor pc = planes.contiguous();
     auto [p, b] = needs_x ? weight_grads(t, gy, &pc, &adj) : weight_grads(t, gy);
     if (needs_x) gx = grad_x_fused(gy, planes, false, gx_f32, nullptr, nullptr, adj).first;
-    return {widened(gx), needs_p ? p : gp, needs_b ? b : gb};
+    if (needs_p) gp = p;
+    if (needs_b) gb = b;
+    return out();
   }
   bool gx_gemm = false;
   at::Tensor gf, g0_sums;  // grad_y's planes, if grad_x's kernel writes them for the GEMM-form weight gradient
   if (needs_x)
     std::tie(gx, gx_gemm) = grad_x_fused(gy, planes, gemm, gx_f32, gemm && needs_p ? &gf : nullptr, &g0_sums);
-  if (!needs_p && !needs_b && !gx_gemm) return {widened(gx), gp, gb};
-  if (!needs_p && !gx_gemm)
-    return {widened(gx), gp, gy.sum(0, false, at::kFloat).view({d, 4}).sum(1).to(gy.scalar_type())};
+  if (!needs_p && !needs_b && !gx_gemm) return out();
+  if (!needs_p && !gx_gemm) {
+    gb = gy.sum(0, false, at::kFloat).view({d, 4}).sum(1).to(gy.scalar_type());
+    return out();
+  }
   bwd_from_planes(gy, gf, g0_sums, t, kept, planes, gx_gemm, needs_p, needs_b, gx, gp, gb);
-  return {widened(gx), gp, gb};
+  return out();
 }
 
 // The whole backward in one op (one host call instead of a dozen Python-dispatched ones):
@@ -858,8 +868,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd_split3(const at::Te
     if (!gy.defined()) gy = at::cat({g0, g1, g2}, 1);
     return gy;
   };
-  const auto none = [&] { return at::empty({0}, g0.options()); };
-  at::Tensor gx = none(), gp = none(), gb = none(), adj;
+  at::Tensor gx, gp, gb, adj;  // undefined until computed; or_empty for the ones not needed
   const at::Tensor pc = planes.contiguous();
   if (needs_p || needs_b) {  // first, as in bwd: its reduce kernel makes grad_x's adjoint planes
     bool unsupported = false;
@@ -879,7 +888,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd_split3(const at::Te
     if (!done) gx = grad_x_fused(joined(), planes, false, f32, nullptr, nullptr, adj).first;
     if (grad_x_fp32) gx = gx.to(at::kFloat);
   }
-  return {gx, gp, gb};
+  return {or_empty(gx, g0.options()), or_empty(gp, g0.options()), or_empty(gb, g0.options())};
 }
 
 
@@ -961,8 +970,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_layer_norm_bwd(const at::Te
                 c10::toString(t->scalar_type()));
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor gx = needs_x ? at::empty_like(x, at::MemoryFormat::Contiguous) : x.new_empty({0});
-  at::Tensor gw = weight.new_empty({0}), gb = weight.new_empty({0});
-  if (!needs_x && !needs_wb) return {gx, gw, gb};
+  if (!needs_x && !needs_wb) return {gx, weight.new_empty({0}), weight.new_empty({0})};
   const at::Tensor gys = aligned16(grad_y.contiguous()), xs = aligned16(x.contiguous());
   const at::Tensor w = weight.to(at::kFloat).contiguous();
   const at::Tensor mc = mean.contiguous(), rc = rstd.contiguous();
@@ -981,11 +989,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_layer_norm_bwd(const at::Te
   const cudaError_t err = eq_group_layer_norm_bwd(p, elem_type(x.scalar_type()), elem_type(grad_y.scalar_type()),
                                                   at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
-  if (needs_wb) {  // the blocks' partials summed in a fixed order, one fresh tensor each (outputs never alias)
-    gw = partials[0].sum(0).to(weight.scalar_type());
-    gb = partials[1].sum(0).to(weight.scalar_type());
-  }
-  return {gx, gw, gb};
+  if (!needs_wb) return {gx, weight.new_empty({0}), weight.new_empty({0})};
+  // The blocks' partials summed in a fixed order, one fresh tensor each (outputs never alias).
+  return {gx, partials[0].sum(0).to(weight.scalar_type()), partials[1].sum(0).to(weight.scalar_type())};
 }
 
 }  // namespace

@@ -45,6 +45,7 @@
 #include <cuda_runtime.h>
 
 #include "eq_fp32_tile.cuh"
+#include "eq_func_attr.cuh"
 #include "eq_linear_bwd_weight.h"
 #include "eq_linear_bwd_weight_split.cuh"
 #include "eq_plane_blocks.h"
@@ -349,7 +350,7 @@ cudaError_t launch_main(const BwdWeightParams& p, const split::Plan& plan, float
   auto* kernel = eq_linear_bwd_weight_fp32_kernel<Cfg, kVec>;
   if (Cfg::kSmemBytes > 48 * 1024) {
     const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+        set_max_dynamic_smem(kernel, Cfg::kSmemBytes);
     if (err != cudaSuccess) return err;
   }
   const int64_t grid_d = cdiv(p.d, Cfg::BD);

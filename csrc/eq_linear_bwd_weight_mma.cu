@@ -55,6 +55,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#include "eq_func_attr.cuh"
 #include "eq_linear_bwd_weight.h"
 #include "eq_linear_bwd_weight_sm90.h"
 #include "eq_linear_bwd_weight_split.cuh"
@@ -375,7 +376,7 @@ Choice choose(int64_t M, int64_t c, int64_t d, const DeviceInfo& info, int dev) 
 template <class T, class C, bool kFast>
 cudaError_t launch(const KParams& kp, const split::Plan& plan, cudaStream_t stream) {
   auto* kernel = eq_linear_bwd_weight_mma_kernel<T, C, kFast>;
-  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+  const cudaError_t e = set_max_dynamic_smem(kernel, C::kSmem);
   if (e != cudaSuccess) return e;
   const int64_t grid_d = cdiv(kp.d, C::BD), grid_c = cdiv(kp.c, C::BC);
   if (grid_d > INT_MAX || grid_c > 65535 || plan.S > 65535) return cudaErrorInvalidConfiguration;

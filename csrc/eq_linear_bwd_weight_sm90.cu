@@ -69,6 +69,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#include "eq_func_attr.cuh"
 #include "eq_linear_bwd_weight_sm90.h"
 #include "eq_linear_fwd_sm90.h"
 #include "eq_linear_mma_common.cuh"
@@ -456,7 +457,7 @@ cudaError_t launch(const BwdWeightSm90Args& a, cudaStream_t stream) {
     if (!ok) return cudaErrorInvalidValue;
   }
   auto kernel = eq_bwd_weight_sm90_kernel<T, kSwap>;
-  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  const cudaError_t e = set_max_dynamic_smem(kernel, kSmem);
   if (e != cudaSuccess) return e;
   const int64_t grid_a = (na + kBD - 1) / kBD, grid_b = (nb + kBC - 1) / kBC;
   const int S_last = a.S_last > 0 ? a.S_last : a.S;

@@ -56,6 +56,7 @@
 #include <cuda_runtime.h>
 
 #include "eq_fp32_tile.cuh"
+#include "eq_func_attr.cuh"
 #include "eq_linear_fwd.h"
 #include "eq_p4_transform.cuh"
 #include "eq_pdl.cuh"
@@ -391,7 +392,7 @@ cudaError_t launch(const FwdParams& p, cudaStream_t stream) {
   auto* kernel = eq_linear_fwd_fp32_kernel<Cfg, kVecX, kVecP>;
   if (Cfg::kSmemBytes > 48 * 1024) {
     const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+        set_max_dynamic_smem(kernel, Cfg::kSmemBytes);
     if (err != cudaSuccess) return err;
   }
   const int64_t grid_m = (p.M + Cfg::BM - 1) / Cfg::BM;
@@ -421,7 +422,7 @@ int blocks_per_sm(int dev) {
   auto* kernel = eq_linear_fwd_fp32_kernel<Cfg, true, true>;
   int n = 0;
   if (Cfg::kSmemBytes > 48 * 1024)
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    set_max_dynamic_smem(kernel, Cfg::kSmemBytes);
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads, Cfg::kSmemBytes) !=
           cudaSuccess || n < 1) {
     cudaGetLastError();  // do not leave a query failure for the launch check to report

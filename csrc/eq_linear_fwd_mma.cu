@@ -44,6 +44,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#include "eq_func_attr.cuh"
 #include "eq_linear_fwd.h"
 #include "eq_linear_fwd_sm90.h"
 #include "eq_linear_mma_common.cuh"
@@ -399,7 +400,7 @@ cudaError_t launch(const KParams& kp, int64_t num_m, int64_t num_n, cudaStream_t
                       : eq_linear_fwd_mma_kernel<T, C, kFast, false>;
   if (C::kSmem > 48 * 1024) {
     const cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+        set_max_dynamic_smem(kernel, C::kSmem);
     if (e != cudaSuccess) return e;
   }
   const dim3 grid(static_cast<unsigned>(num_m), static_cast<unsigned>(num_n));

@@ -38,6 +38,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#include "eq_func_attr.cuh"
 #include "eq_linear_fwd.h"
 #include "eq_linear_fwd_narrow.h"
 #include "eq_linear_mma_common.cuh"
@@ -407,7 +408,7 @@ cudaError_t launch(const FwdParams& p, cudaStream_t stream) {
   using Cfg = NarrowCfg<T, KC, DN>;
   auto* kernel = eq_linear_fwd_narrow_kernel<T, KC, DN, kVec>;
   if (Cfg::kSmemBytes > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    const cudaError_t err = set_max_dynamic_smem(kernel, Cfg::kSmemBytes);
     if (err != cudaSuccess) return err;
   }
   int sms = 0, smem_sm = 0;

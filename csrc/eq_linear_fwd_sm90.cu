@@ -83,6 +83,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#include "eq_func_attr.cuh"
 #include "eq_linear_fwd.h"
 #include "eq_linear_fwd_sm90.h"
 #include "eq_linear_mma_common.cuh"
@@ -554,7 +555,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
     auto kernel = p.gelu    ? eq_linear_fwd_sm90_kernel<T, false, 2, true>
                   : f32_out ? eq_linear_fwd_sm90_kernel<T, false, 2, false, kE == 2>
                             : eq_linear_fwd_sm90_kernel<T, false, 2>;
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    e = set_max_dynamic_smem(kernel, smem);
     if (e != cudaSuccess) return e;
     kp.num_ng = static_cast<int>((num_n + 1) / 2);
     cudaLaunchAttribute attr[2];  // the cluster shape, and room for launch_maybe_pdl's
@@ -593,7 +594,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
                 : p.gelu        ? eq_linear_fwd_sm90_kernel<T, false, 1, true>
                 : f32_out       ? eq_linear_fwd_sm90_kernel<T, false, 1, false, kE == 2>
                                 : eq_linear_fwd_sm90_kernel<T, false>;
-  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  e = set_max_dynamic_smem(kernel, smem);
   if (e != cudaSuccess) return e;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_m * num_n, num_sms));
   *launched = true;
