@@ -891,7 +891,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd_split3(const at::Te
   return {or_empty(gx, g0.options()), or_empty(gp, g0.options()), or_empty(gb, g0.options())};
 }
 
-
 // ---- Group LayerNorm (eq_group_layer_norm.h) ----
 
 bool ln_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
