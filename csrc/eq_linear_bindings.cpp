@@ -43,6 +43,9 @@ void check_device_supported(const at::Tensor& t) {
               ". Set FLASH_EQLINEAR_BACKEND=reference to use the pure-PyTorch path.");
 }
 
+// The element types of the kernels.
+bool kernel_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
+
 // t, or where it was not computed (an output not needed) an empty (0,) tensor with options o: made only where
 // needed, as allocations cost host time per call.
 at::Tensor or_empty(const at::Tensor& t, const at::TensorOptions& o) { return t.defined() ? t : at::empty({0}, o); }
@@ -377,8 +380,7 @@ at::Tensor checked_fwd_args(const at::Tensor& x, const at::Tensor& planes, const
   TORCH_CHECK(x.size(1) == 4 * c, op, ": x has ", num(x.size(1)), " features but planes ", shape(planes.sizes()),
               " expect 4*c = ", num(4 * c));
   const auto dtype = x.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, op,
-              ": dtype must be float32, float16 or bfloat16, got ", c10::toString(dtype));
+  TORCH_CHECK(kernel_dtype(dtype), op, ": dtype must be float32, float16 or bfloat16, got ", c10::toString(dtype));
   TORCH_CHECK(planes.scalar_type() == dtype, op, ": planes dtype ", c10::toString(planes.scalar_type()),
               " does not match x dtype ", c10::toString(dtype));
   at::Tensor b;
@@ -546,8 +548,7 @@ std::tuple<at::Tensor, at::Tensor> weight_grads(const at::Tensor& x, const at::T
               "eq_linear_bwd_weight: expected x (M, 4c) and grad_y (M, 4d), got ", shape(x.sizes()),
               " and ", shape(grad_y.sizes()));
   const auto dtype = x.scalar_type();
-  TORCH_CHECK((dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16) &&
-                  grad_y.scalar_type() == dtype,
+  TORCH_CHECK(kernel_dtype(dtype) && grad_y.scalar_type() == dtype,
               "eq_linear_bwd_weight: x and grad_y must share one dtype among float32, float16, bfloat16, got ",
               c10::toString(dtype), " and ", c10::toString(grad_y.scalar_type()));
   check_device_supported(x);
@@ -606,8 +607,8 @@ std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool inp
   TORCH_CHECK(t.dim() == 2 && t.size(1) % 4 == 0 && t.size(1) > 0,
               "eq_group_dft: expected a 2-D (M, 4n) tensor, got ", shape(t.sizes()));
   const auto dtype = t.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
-              "eq_group_dft: dtype must be float32, float16 or bfloat16, got ", c10::toString(dtype));
+  TORCH_CHECK(kernel_dtype(dtype), "eq_group_dft: dtype must be float32, float16 or bfloat16, got ",
+              c10::toString(dtype));
   const at::cuda::CUDAGuard guard(t.device());
   at::Tensor src = t.contiguous();
   if (reinterpret_cast<uintptr_t>(src.data_ptr()) % (4 * src.element_size()) != 0) src = src.clone();
@@ -736,9 +737,8 @@ void check_bwd_args(const at::Tensor& grad_y, const at::Tensor& t, const at::Ten
               ": grad_y, ", tname, " and planes must be on one CUDA device, got ", grad_y.device().str(), ", ",
               t.device().str(), ", ", planes.device().str());
   const auto dtype = grad_y.scalar_type();
-  TORCH_CHECK((dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16) && t.scalar_type() == dtype &&
-                  planes.scalar_type() == dtype,
-              op, ": grad_y, ", tname, " and planes must share one dtype (float32, float16 or bfloat16), got ",
+  TORCH_CHECK(kernel_dtype(dtype) && t.scalar_type() == dtype && planes.scalar_type() == dtype, op, ": grad_y, ",
+              tname, " and planes must share one dtype (float32, float16 or bfloat16), got ",
               c10::toString(dtype), ", ", c10::toString(t.scalar_type()), ", ", c10::toString(planes.scalar_type()));
 }
 
@@ -893,8 +893,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd_split3(const at::Te
 
 // ---- Group LayerNorm (eq_group_layer_norm.h) ----
 
-bool ln_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
-
 ElemType elem_type(at::ScalarType t) {
   return t == at::kFloat ? ElemType::kFloat : t == at::kHalf ? ElemType::kHalf : ElemType::kBFloat16;
 }
@@ -904,14 +902,14 @@ int64_t checked_ln_params(const at::Tensor& x, const at::Tensor& weight, const c
   const std::string op = what;
   TORCH_CHECK(x.is_cuda(), op, ": x must be a CUDA tensor, got one on ", x.device().str());
   TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D (M, 4c), got ", shape(x.sizes()));
-  TORCH_CHECK(ln_dtype(x.scalar_type()), op, ": x dtype must be float32, float16 or bfloat16, got ",
+  TORCH_CHECK(kernel_dtype(x.scalar_type()), op, ": x dtype must be float32, float16 or bfloat16, got ",
               c10::toString(x.scalar_type()));
   TORCH_CHECK(weight.device() == x.device(), op, ": weight is on ", weight.device().str(), " but x on ",
               x.device().str());
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) >= 1 && x.size(1) == 4 * weight.size(0), op,
               ": weight must have shape (c,) for x (M, 4c), got weight ", shape(weight.sizes()), " and x ",
               shape(x.sizes()));
-  TORCH_CHECK(ln_dtype(weight.scalar_type()), op, ": weight dtype must be float32, float16 or bfloat16, got ",
+  TORCH_CHECK(kernel_dtype(weight.scalar_type()), op, ": weight dtype must be float32, float16 or bfloat16, got ",
               c10::toString(weight.scalar_type()));
   const int64_t c = weight.size(0);
   TORCH_CHECK(c <= kGroupLayerNormMaxFields, op, ": at most ", num(kGroupLayerNormMaxFields),
@@ -930,7 +928,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_layer_norm_fwd(const at::Te
   TORCH_CHECK(bias.device() == x.device() && bias.sizes() == weight.sizes(), op,
               ": bias must have weight's shape (", num(c), ",) and device, got ", shape(bias.sizes()), " on ",
               bias.device().str());
-  TORCH_CHECK(ln_dtype(out_dtype) && (out_dtype == x.scalar_type() || x.scalar_type() == at::kFloat), op,
+  TORCH_CHECK(kernel_dtype(out_dtype) && (out_dtype == x.scalar_type() || x.scalar_type() == at::kFloat), op,
               ": out_dtype must be x's dtype, or float32 / float16 / bfloat16 for a float32 x; got ",
               c10::toString(out_dtype), " for x of ", c10::toString(x.scalar_type()));
   TORCH_CHECK(eps >= 0, op, ": eps must be >= 0, got ", std::to_string(eps));
@@ -959,7 +957,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_layer_norm_bwd(const at::Te
   const int64_t M = x.size(0);
   TORCH_CHECK(grad_y.device() == x.device() && grad_y.sizes() == x.sizes(), op, ": grad_y must have x's shape ",
               shape(x.sizes()), " and device, got ", shape(grad_y.sizes()), " on ", grad_y.device().str());
-  TORCH_CHECK(ln_dtype(grad_y.scalar_type()) &&
+  TORCH_CHECK(kernel_dtype(grad_y.scalar_type()) &&
                   (grad_y.scalar_type() == x.scalar_type() || x.scalar_type() == at::kFloat),
               op, ": grad_y dtype must be x's, or any of float32 / float16 / bfloat16 for a float32 x; got ",
               c10::toString(grad_y.scalar_type()), " for x of ", c10::toString(x.scalar_type()));
