@@ -19,10 +19,19 @@ import torch.nn.functional as F
 
 from .ops import _autocast_dtype, backend_for, kernels_available
 
-__all__ = ["group_layer_norm", "fused_layer_norm_applies"]
+if kernels_available():
+    from .ops import _eager_function
+
+__all__ = ["group_layer_norm", "fused_layer_norm_applies", "expand_over_group"]
 
 _MAX_FIELDS = 512  # the kernels' limit: c <= 512 (C <= 2048 channels per row)
 _HALF = (torch.float16, torch.bfloat16)
+
+
+def expand_over_group(t: torch.Tensor, group_size: int) -> torch.Tensor:
+    """A field's parameter once per group copy: ``(c,) -> (c * G,)``, index ``o * G + g`` (one copy kernel;
+    ``repeat_interleave`` launches several and costs more host time per call)."""
+    return t.unsqueeze(-1).expand(-1, group_size).reshape(-1)
 
 
 def fused_layer_norm_applies(x: torch.Tensor, weight: torch.Tensor, group_size: int, out_dtype) -> bool:
@@ -82,8 +91,14 @@ def group_layer_norm(
     dtype = fused_dtype(x, weight, group_size, out_dtype)
     if dtype is not None:
         return fused_group_layer_norm(x, weight, bias, eps, dtype)
-    w, b = (t.unsqueeze(-1).expand(-1, group_size).reshape(-1) for t in (weight, bias))
-    y = F.layer_norm(x, (C,), w, b, eps)
+    return stock_group_layer_norm(
+        x, expand_over_group(weight, group_size), expand_over_group(bias, group_size), eps, out_dtype
+    )
+
+
+def stock_group_layer_norm(x, weight_e, bias_e, eps: float, out_dtype: torch.dtype | None) -> torch.Tensor:
+    """:func:`group_layer_norm` by stock ops, with the parameters expanded (:func:`expand_over_group`)."""
+    y = F.layer_norm(x, weight_e.shape, weight_e, bias_e, eps)
     return y if out_dtype is None else y.to(out_dtype)
 
 
@@ -92,7 +107,7 @@ def fused_group_layer_norm(x, weight, bias, eps: float, dtype: torch.dtype) -> t
     there; GroupLayerNorm calls both, one decision per call)."""
     x2 = x.reshape(-1, x.shape[-1])
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad):
-        y = _GroupLayerNormFunction.apply(x2, weight, bias, eps, dtype)
+        y = _EAGER(x2, weight, bias, eps, dtype)[0]
     else:
         with torch._C._AutoDispatchBelowAutograd():
             y = torch.ops.flash_eqlinear.group_layer_norm_fwd(x2, weight, bias, eps, dtype)[0]
@@ -104,6 +119,8 @@ def _grads(ctx, grad_y):
     the saved tensors, so that they are differentiable themselves (gradient penalties, double backward)."""
     x, weight, mean, rstd = ctx.saved_tensors
     needs_x, needs_wb = ctx.needs_input_grad[0], ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+    if grad_y is None:  # (grads not materialized: only mean or rstd, never exposed, reached)
+        return None, None, None
     if torch.is_grad_enabled():
         return _differentiable_grads(grad_y, x, weight, ctx.eps, needs_x, needs_wb)
     gx, gw, gb = torch.ops.flash_eqlinear.group_layer_norm_bwd(
@@ -120,30 +137,13 @@ def _differentiable_grads(grad_y, x, weight, eps, needs_x, needs_wb):
     xhat = (xf - mean) * rstd
     gx = gw = gb = None
     if needs_x:
-        gwe = g * weight.float().unsqueeze(-1).expand(-1, G).reshape(-1)
+        gwe = g * expand_over_group(weight.float(), G)
         gx = rstd * (gwe - gwe.mean(-1, keepdim=True) - xhat * (gwe * xhat).mean(-1, keepdim=True))
         gx = gx.to(x.dtype)
     if needs_wb:
         gw = (g * xhat).sum(0).view(-1, G).sum(-1).to(weight.dtype)
         gb = g.sum(0).view(-1, G).sum(-1).to(weight.dtype)
     return gx, gw, gb
-
-
-class _GroupLayerNormFunction(torch.autograd.Function):
-    """The fused forward and backward ops as one autograd node, for eager calls (the registered autograd
-    kernel below does the same for the op called directly, e.g. under torch.compile, at more host cost)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps, out_dtype):
-        with torch._C._AutoDispatchBelowAutograd():
-            y, mean, rstd = torch.ops.flash_eqlinear.group_layer_norm_fwd(x, weight, bias, eps, out_dtype)
-        ctx.eps = eps
-        ctx.save_for_backward(x, weight, mean, rstd)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        return *_grads(ctx, grad_y), None, None
 
 
 if kernels_available():
@@ -182,6 +182,7 @@ if kernels_available():
         x, weight, _, eps, _ = inputs
         ctx.eps = eps
         ctx.save_for_backward(x, weight, output[1], output[2])
+        ctx.set_materialize_grads(False)  # (no zero gradients made for mean and rstd)
 
     def _backward(ctx, grad_y, _grad_mean, _grad_rstd):
         return *_grads(ctx, grad_y), None, None
@@ -189,3 +190,5 @@ if kernels_available():
     torch.library.register_autograd(
         "flash_eqlinear::group_layer_norm_fwd", _backward, setup_context=_setup_context
     )
+    # Eager calls: the same node as an autograd.Function, without the registered kernel's per-call Python.
+    _EAGER = _eager_function(torch.ops.flash_eqlinear.group_layer_norm_fwd.default, _setup_context, _backward)

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..layer_norm import fused_dtype, fused_group_layer_norm, group_layer_norm
+from ..layer_norm import expand_over_group, fused_dtype, fused_group_layer_norm, stock_group_layer_norm
 from ..modules import FlashEQLinear, NaiveEQLinear, ParamCache
 from ..ops import _autocast_dtype, flash_eq_mlp
 from ..swap import is_naive_eq_linear
@@ -166,17 +166,11 @@ class GroupLayerNorm(ParamCache, nn.Module):
         dtype = fused_dtype(x, self.weight, self.group_size, out)
         if dtype is not None:
             return fused_group_layer_norm(x, self.weight, self.bias, self.eps, dtype)
-        if self._caches():
-            w, b = self._cached(None, self._expanded)
-            y = F.layer_norm(x, (self.num_features,), w, b, self.eps)
-            return y if out is None else y.to(out)
-        return group_layer_norm(x, self.weight, self.bias, self.eps, self.group_size, out)
+        w, b = self._cached(None, self._expanded) if self._caches() else self._expanded()
+        return stock_group_layer_norm(x, w, b, self.eps, out)
 
     def _expanded(self) -> tuple[torch.Tensor, torch.Tensor]:
-        # Each parameter once per group copy (index o*G + g): one copy kernel (repeat_interleave launches
-        # several and costs more host time per call).
-        G = self.group_size
-        return tuple(t.unsqueeze(-1).expand(-1, G).reshape(-1) for t in (self.weight, self.bias))
+        return expand_over_group(self.weight, self.group_size), expand_over_group(self.bias, self.group_size)
 
     def extra_repr(self) -> str:
         extra = ", autocast_output=True" if self.autocast_output else ""
