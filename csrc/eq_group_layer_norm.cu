@@ -36,17 +36,21 @@ template <class T> __device__ __forceinline__ uint32_t float_to_bits(float v) {
   else return __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 
-// The 4 group copies of one field: one 16-byte (float) or 8-byte (16-bit) access.
-template <class T> __device__ __forceinline__ void load4(const T* p, float (&v)[4]) {
+// The 4 group copies of one field: one 16-byte (float) or 8-byte (16-bit) access, kept as loaded (Raw4) until
+// unpacked to FP32 where used.
+template <class T> using Raw4 = std::conditional_t<sizeof(T) == 4, float4, uint2>;
+template <class T> __device__ __forceinline__ Raw4<T> load_raw4(const T* p) {
+  return *reinterpret_cast<const Raw4<T>*>(p);
+}
+template <class T> __device__ __forceinline__ void unpack4(const Raw4<T>& a, float (&v)[4]) {
   if constexpr (sizeof(T) == 4) {
-    const float4 a = *reinterpret_cast<const float4*>(p);
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
   } else {
-    const uint2 a = *reinterpret_cast<const uint2*>(p);
     v[0] = bits_to_float<T>(a.x & 0xffffu), v[1] = bits_to_float<T>(a.x >> 16);
     v[2] = bits_to_float<T>(a.y & 0xffffu), v[3] = bits_to_float<T>(a.y >> 16);
   }
 }
+template <class T> __device__ __forceinline__ void load4(const T* p, float (&v)[4]) { unpack4<T>(load_raw4(p), v); }
 
 template <class T> __device__ __forceinline__ void store4(T* p, const float (&v)[4]) {
   if constexpr (sizeof(T) == 4) {
@@ -115,9 +119,20 @@ __global__ void __launch_bounds__(kWarps * 32) group_ln_fwd_kernel(const GroupLa
   }
 }
 
+// The backward's resident blocks per SM, as compiled for: its registers are mostly the row's values as loaded
+// (Raw4: a row is read once, each value unpacked again where used) and three per field (weight, its two sums),
+// plus about 22. The row's loads are the bytes in flight, so the more warps the faster: ViT-B's c = 192 in
+// 16-bit fits four blocks (32 warps) where FP32 copies of the row held two.
+template <class TX, class TY, int kV> constexpr int bwd_min_blocks() {
+  constexpr int regs = kV * (int(sizeof(Raw4<TX>) + sizeof(Raw4<TY>)) / 4 + 3) + 22;
+  constexpr int b = 65536 / (kWarps * 32 * regs);
+  return b < 1 ? 1 : b > 4 ? 4 : b;
+}
+
 // Rows row0, row0 + stride, ... per warp (row0 = block * kWarps + warp, stride = grid * kWarps).
 template <class TX, class TY, int kV>
-__global__ void __launch_bounds__(kWarps * 32) group_ln_bwd_kernel(const GroupLayerNormBwdParams p) {
+__global__ void __launch_bounds__(kWarps * 32, (bwd_min_blocks<TX, TY, kV>()))
+    group_ln_bwd_kernel(const GroupLayerNormBwdParams p) {
   __shared__ float red[2][kWarps][32 * kV];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int c = p.c;
@@ -135,22 +150,35 @@ __global__ void __launch_bounds__(kWarps * 32) group_ln_bwd_kernel(const GroupLa
     const float mean = p.mean[row], rstd = p.rstd[row];
     const TY* gr = static_cast<const TY*>(p.grad_y) + row * n;
     const TX* xr = static_cast<const TX*>(p.x) + row * n;
-    float xh[kV][4], gw[kV][4];
-    float s1 = 0.f, s2 = 0.f;
+    Raw4<TY> graw[kV];
+    Raw4<TX> xraw[kV];
 #pragma unroll
     for (int i = 0; i < kV; ++i) {
       const int o = lane + 32 * i;
       if (o < c) {
-        float g[4];
-        load4(gr + 4 * o, g);
-        load4(xr + 4 * o, xh[i]);
+        graw[i] = load_raw4(gr + 4 * o);
+        xraw[i] = load_raw4(xr + 4 * o);
+      }
+    }
+    // Field i's grad_y copies, and its x copies normalised (xhat).
+    const auto unpack = [&](int i, float (&g)[4], float (&xh)[4]) {
+      unpack4<TY>(graw[i], g);
+      unpack4<TX>(xraw[i], xh);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) xh[e] = (xh[e] - mean) * rstd;
+    };
+    float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+    for (int i = 0; i < kV; ++i) {
+      if (lane + 32 * i < c) {
+        float g[4], xh[4];
+        unpack(i, g, xh);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          xh[i][e] = (xh[i][e] - mean) * rstd;
-          gw[i][e] = g[e] * w[i];
-          s1 += gw[i][e];
-          s2 = fmaf(gw[i][e], xh[i][e], s2);
-          dw[i] = fmaf(g[e], xh[i][e], dw[i]);
+          const float gw = g[e] * w[i];
+          s1 += gw;
+          s2 = fmaf(gw, xh[e], s2);
+          dw[i] = fmaf(g[e], xh[e], dw[i]);
           db[i] += g[e];
         }
       }
@@ -158,8 +186,11 @@ __global__ void __launch_bounds__(kWarps * 32) group_ln_bwd_kernel(const GroupLa
     if (p.grad_x != nullptr) {  // uniform over the grid
       s1 = warp_sum(s1) * inv_n;
       s2 = warp_sum(s2) * inv_n;
-      store_row<kV>(static_cast<TX*>(p.grad_x) + row * n, lane, c,
-                    [&](int i, int e) { return rstd * (gw[i][e] - s1 - xh[i][e] * s2); });
+      store_row<kV>(static_cast<TX*>(p.grad_x) + row * n, lane, c, [&](int i, int e) {
+        float g[4], xh[4];
+        unpack(i, g, xh);
+        return rstd * (g[e] * w[i] - s1 - xh[e] * s2);
+      });
     }
   }
   if (p.partials == nullptr) return;
@@ -219,6 +250,17 @@ template <class F> cudaError_t with_fields_per_lane(int c, F&& f) {
   return f(std::integral_constant<int, 16>{});
 }
 
+// The backward variant's resident blocks per SM (queried once).
+template <class TX, class TY, int kV> int bwd_blocks_per_sm() {
+  static const int n = [] {
+    int b = 0;
+    const cudaError_t e =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, group_ln_bwd_kernel<TX, TY, kV>, kWarps * 32, 0);
+    return e == cudaSuccess && b > 0 ? b : 1;
+  }();
+  return n;
+}
+
 }  // namespace
 
 cudaError_t eq_group_layer_norm_fwd(const GroupLayerNormFwdParams& p, ElemType x_type, ElemType y_type,
@@ -239,10 +281,18 @@ cudaError_t eq_group_layer_norm_fwd(const GroupLayerNormFwdParams& p, ElemType x
   });
 }
 
-int eq_group_layer_norm_bwd_blocks(int64_t M, int sm_count) {
-  // Two blocks per SM (their registers and the reduction's shared memory allow it), fewer for few rows.
+int eq_group_layer_norm_bwd_blocks(int64_t M, int c, ElemType x_type, ElemType y_type, int sm_count) {
+  // As many blocks as fit at once (each walks its rows), fewer for few rows.
+  int per_sm = 1;
+  if (c >= 1 && c <= kGroupLayerNormMaxFields)
+    (void)with_types(x_type, y_type, [&](auto tx, auto ty) {
+      return with_fields_per_lane(c, [&](auto v) {
+        per_sm = bwd_blocks_per_sm<decltype(tx), decltype(ty), decltype(v)::value>();
+        return cudaSuccess;
+      });
+    });
   const int64_t by_rows = (M + kWarps - 1) / kWarps;
-  const int64_t b = by_rows < 2 * int64_t(sm_count) ? by_rows : 2 * int64_t(sm_count);
+  const int64_t b = by_rows < int64_t(per_sm) * sm_count ? by_rows : int64_t(per_sm) * sm_count;
   return b < 1 ? 1 : int(b);
 }
 

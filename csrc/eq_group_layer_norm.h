@@ -55,10 +55,10 @@ struct GroupLayerNormBwdParams {
   float* partials;
   int64_t M;
   int c;
-  int blocks;  // eq_group_layer_norm_bwd_blocks(M, sm_count)
+  int blocks;  // eq_group_layer_norm_bwd_blocks(M, c, x type, y type, sm_count)
 };
 
-int eq_group_layer_norm_bwd_blocks(int64_t M, int sm_count);
+int eq_group_layer_norm_bwd_blocks(int64_t M, int c, ElemType x_type, ElemType y_type, int sm_count);
 
 cudaError_t eq_group_layer_norm_bwd(const GroupLayerNormBwdParams& p, ElemType x_type, ElemType y_type,
                                     cudaStream_t stream);

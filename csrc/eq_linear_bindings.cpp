@@ -971,7 +971,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_layer_norm_bwd(const at::Te
   const at::Tensor gys = aligned16(grad_y.contiguous()), xs = aligned16(x.contiguous());
   const at::Tensor w = weight.to(at::kFloat).contiguous();
   const at::Tensor mc = mean.contiguous(), rc = rstd.contiguous();
-  const int blocks = eq_group_layer_norm_bwd_blocks(M, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+  const int blocks = eq_group_layer_norm_bwd_blocks(M, int(c), elem_type(x.scalar_type()),
+                                                    elem_type(grad_y.scalar_type()),
+                                                    at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
   at::Tensor partials = needs_wb ? at::empty({2, blocks, c}, x.options().dtype(at::kFloat)) : at::Tensor();
   GroupLayerNormBwdParams p{gys.data_ptr(),
                             xs.data_ptr(),
