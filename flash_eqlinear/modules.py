@@ -14,7 +14,16 @@ import torch.nn.functional as F
 
 from . import reference
 from .fourier import check_group_size, naive_to_planes, planes_to_naive
-from .ops import _autocast_dtype, _cast_to, autocast_inputs, flash_eq_linear, flash_eq_linear_chunks
+from .ops import (
+    _autocast_and_check,
+    _autocast_dtype,
+    _cast_to,
+    autocast_inputs,
+    backend_for,
+    flash_eq_linear,
+    flash_eq_linear_chunks,
+    reference_form,
+)
 
 __all__ = ["FlashEQLinear", "NaiveEQLinear", "LAYOUT_KEY"]
 
@@ -219,7 +228,9 @@ class FlashEQLinear(_EQLinearBase):
     Under ``torch.autocast`` in eval mode, when no gradient of the parameters is being recorded
     (inference), the weight and bias cast to autocast's dtype are kept and reused until they change
     (the rules of ``NaiveEQLinear``'s expanded weight), as autocast keeps ``nn.Linear``'s casts within
-    a region: one 16-bit copy of the parameters per layer, and no cast per call.
+    a region: one 16-bit copy of the parameters per layer, and no cast per call. Off the fused kernels,
+    where the dense form runs (:func:`flash_eqlinear.ops.reference_form`), inference keeps the expanded
+    (D, C) weight by the same rules, as ``NaiveEQLinear`` does.
     """
 
     _layout = "planes"
@@ -232,7 +243,32 @@ class FlashEQLinear(_EQLinearBase):
         return planes_to_naive(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._caches() and isinstance(x, torch.Tensor) and backend_for(x, self.group_size) == "reference":
+            y = self._kept_dense_forward(x)
+            if y is not None:
+                return y
         return flash_eq_linear(x, *self._params_for(x), self.group_size)
+
+    def _kept_dense_forward(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Inference off the fused kernels in the dense form (``reference_form`` with the dense weight kept):
+        the expanded (D, C) weight, made as the dense form makes it per call, kept and reused under
+        ``NaiveEQLinear``'s rules, so a swapped layer is no slower than the naive one it replaced. None
+        where the Fourier form runs instead."""
+        T, c, d = self.group_size, self.c, self.d
+        if reference_form(x, T, c, d, dense_kept=True) != "dense":
+            return None
+        cast = _autocast_dtype(x)
+        w, b = self.weight.detach(), None if self.bias is None else self.bias.detach()
+
+        def expand():
+            wc, bc = (w, b) if cast is None else _cast_to(cast, None, w, b, cast_x=False)[1:]
+            # As the dense form per call: the group-domain weight in at least FP32, rounded once.
+            g = planes_to_naive(wc if wc.dtype in (torch.float32, torch.float64) else wc.float()).to(wc.dtype)
+            return wc, bc, reference.dense_weight(g), reference.dense_bias(bc, T)
+
+        wc, bc, dense, dense_b = self._cached(("dense", cast), expand)
+        x = _autocast_and_check(x, wc, bc, T)[0]  # the uncached path's casts and errors
+        return F.linear(x, dense, dense_b)
 
     def forward_chunks(self, x: torch.Tensor, chunks: int) -> tuple[torch.Tensor, ...]:
         """``self(x).chunk(chunks, -1)`` (whole fields per chunk), as :func:`flash_eq_linear_chunks` makes

@@ -94,7 +94,7 @@ def backend_for(x: torch.Tensor, group_size: int) -> str:
     return "reference"
 
 
-def reference_form(x: torch.Tensor, group_size: int, c: int, d: int) -> str:
+def reference_form(x: torch.Tensor, group_size: int, c: int, d: int, dense_kept: bool = False) -> str:
     """How the pure-PyTorch path computes a layer (group size T, planes (T, d, c)) off the fused kernels.
 
     ``"fourier"``: the reference Fourier path (6/16 of the dense MACs for T = 4, but several passes
@@ -105,11 +105,18 @@ def reference_form(x: torch.Tensor, group_size: int, c: int, d: int) -> str:
     threads, M = 4096, c = d: T = 4: 3.2, 2.1, 1.3, 0.96 at c = 16, 64, 128, 256; T = 8: 3.1, 1.1,
     0.72, 0.61; T = 16: 1.7, 0.44, 0.40 at c = 16, 64, 128; T = 2: 2.1-4.0.) GPUs take the dense form:
     on an H100 the Fourier path ran at 0.08-0.84x F.linear for T = 4, c = 16 .. 2048.
+
+    ``dense_kept``: inference with the expanded weight kept (``FlashEQLinear`` in eval mode, as
+    ``NaiveEQLinear`` keeps it), so that the dense form costs only its ``F.linear``: then Fourier also needs
+    at least 256 rows. (Fourier / kept dense, 2 CPU threads, T = 4, C -> D = 1024 -> 1024, 768 -> 3072,
+    3072 -> 768, 2048 -> 2048: 5.3, 3.2, 3.2, 2.3 at 1 row; 1.8, 1.7, 1.1, 1.05 at 8; 1.14, 0.98, 0.84, 0.79
+    at 64; 0.82, 0.73, 0.72, 0.63 at 256; 0.7-1.0 from 1024 rows.)
     """
     if BACKEND == "reference":
         return "fourier"
     if x.device.type == "cpu" and group_size >= 3 and group_size * math.sqrt(c * d) >= 1024:
-        return "fourier"
+        if not dense_kept or x.numel() >= 256 * x.shape[-1]:
+            return "fourier"
     return "dense"
 
 

@@ -566,7 +566,7 @@ def count_expansions(monkeypatch):
 
 
 def _expect(layer, x):
-    w, b = layer.weight.detach(), layer.bias
+    w, b = layer.naive_weight().detach(), layer.bias
     return loop_eq_linear(x, w, None if b is None else b.detach())
 
 
@@ -684,8 +684,8 @@ def test_flash_autocast_inference_reuses_casts(gen):
     with torch.autocast("cpu", dtype=bf16):
         with torch.no_grad():
             y1 = layer(x)
-            cached = layer._cache[2]
-            assert [t.dtype for t in cached] == [bf16, bf16]
+            cached = layer._cache[2]  # on the CPU (dense form) also the expanded weight and bias
+            assert [t.dtype for t in cached] == [bf16] * len(cached)
             assert torch.equal(layer(x), y1) and layer._cache[2] is cached
             layer.weight.mul_(2)  # an in-place update: cast again
             y2 = layer(x)
@@ -699,6 +699,41 @@ def test_flash_autocast_inference_reuses_casts(gen):
         assert layer._cache is None
         with torch.no_grad():
             assert torch.equal(layer(x), y2) and layer._cache is None
+
+
+def test_flash_inference_keeps_dense_weight(gen):
+    """Off the fused kernels in the dense form, eval-mode inference keeps the expanded weight (as
+    NaiveEQLinear does): the outputs of the form computed per call, bit for bit, until the weight changes."""
+    layer = fe.FlashEQLinear(32, 24, dtype=F64).eval()
+    x = torch.randn(5, 32, generator=gen, dtype=F64)
+    with torch.no_grad():
+        y1 = layer(x)
+        kept = layer._cache[2]
+        assert [tuple(t.shape) for t in kept] == [(4, 6, 8), (6,), (24, 32), (24,)]
+        assert torch.equal(y1, fe.flash_eq_linear(x, layer.weight, layer.bias))
+        assert torch.equal(layer(x), y1) and layer._cache[2] is kept
+        layer.weight.mul_(-2.0)
+        y2 = layer(x)
+        assert layer._cache[2] is not kept
+        assert torch.equal(y2, fe.flash_eq_linear(x, layer.weight, layer.bias))
+        assert rel_l2(y2, _expect(layer, x)) < 1e-13
+    y = layer(x)  # gradients recorded: nothing kept, and they reach the parameters
+    assert layer._cache is None and torch.equal(y.detach(), y2)
+    y.sum().backward()
+    assert layer.weight.grad.abs().sum() > 0
+
+
+def test_flash_inference_form_by_rows(gen):
+    """With the dense weight kept, few rows take the dense form even where the Fourier form runs per call;
+    both exact."""
+    layer = fe.FlashEQLinear(1024, 1024, dtype=F64).eval()  # T sqrt(c d) = 1024: Fourier per call
+    with torch.no_grad():
+        for rows, kept in ((8, True), (256, False)):
+            x = torch.randn(rows, 1024, generator=gen, dtype=F64)
+            layer.train(), layer.eval()  # nothing kept
+            y = layer(x)
+            assert (layer._cache is not None) == kept
+            assert rel_l2(y, _expect(layer, x)) < 1e-13
 
 
 @pytest.mark.parametrize("cls", [fe.NaiveEQLinear, fe.FlashEQLinear])

@@ -30,6 +30,14 @@ def test_form_by_size(T, c, d, form):
     assert reference_form(CPU, T, c, d) == form
 
 
+def test_form_with_dense_weight_kept():
+    """Inference with the expanded weight kept: Fourier only from 256 rows."""
+    assert reference_form(torch.empty(255, 1024), 4, 256, 256, dense_kept=True) == "dense"
+    assert reference_form(torch.empty(2, 128, 1024), 4, 256, 256, dense_kept=True) == "fourier"
+    assert reference_form(torch.empty(8, 1024), 4, 256, 256) == "fourier"
+    assert reference_form(torch.empty(4096, 512), 4, 128, 128, dense_kept=True) == "dense"
+
+
 def test_forced_reference_backend_takes_fourier(monkeypatch):
     monkeypatch.setattr(fe.ops, "BACKEND", "reference")
     assert reference_form(CPU, 4, 8, 8) == "fourier"
