@@ -7,6 +7,7 @@ the same function for the same group-domain weight ``w (d, c, T)`` and shared bi
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn as nn
@@ -145,13 +146,22 @@ class _EQLinearBase(ParamCache, nn.Module):
             w = state_dict.get(prefix + "weight")
             T, c, d = self.group_size, self.c, self.d
             other = (d, c, T) if self._layout == "planes" else (T, d, c)
-            if (
-                LAYOUT_KEY not in meta
-                and isinstance(w, torch.Tensor)
-                and tuple(w.shape) == other
-                and other != tuple(self.weight.shape)
-            ):
-                state_dict[prefix + "weight"] = _to_layout(w, self._layout, self.weight.dtype)
+            if LAYOUT_KEY not in meta and isinstance(w, torch.Tensor) and tuple(w.shape) == other:
+                if other != tuple(self.weight.shape):
+                    state_dict[prefix + "weight"] = _to_layout(w, self._layout, self.weight.dtype)
+                else:  # d = c = T: either layout; taken as this layer's own
+                    theirs, fix = (
+                        ("a NaiveEQLinear weight (d, c, T)", "flash_eqlinear.naive_to_planes")
+                        if self._layout == "planes"
+                        else ("FlashEQLinear planes (T, d, c)", "flash_eqlinear.planes_to_naive")
+                    )
+                    warnings.warn(
+                        f"{prefix}weight {tuple(w.shape)}: the state_dict has no layout metadata and this shape "
+                        f"(d = c = T = {T}) fits both layouts; loaded as {type(self).__name__}'s own. If it "
+                        f"holds {theirs}, pass it through {fix} first (state_dicts keep the metadata that tells "
+                        "them apart in state_dict._metadata, which copying the dict into a new one drops)",
+                        stacklevel=4,
+                    )
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
 
     def dense_weight(self) -> torch.Tensor:

@@ -398,11 +398,13 @@ def test_plain_dict_without_metadata(gen):
     flash.load_state_dict(dict(naive.state_dict()))
     with torch.no_grad():
         assert rel_l2(flash(x), naive(x)) < 1e-13
-    # ambiguous shapes and no metadata: taken as planes (a rebuilt Flash checkpoint stays intact)
-    a = fe.FlashEQLinear(16, 16, dtype=F64)
-    b = fe.FlashEQLinear(16, 16, dtype=F64)
-    b.load_state_dict({k: v.clone() for k, v in a.state_dict().items()})
-    torch.testing.assert_close(b.weight, a.weight, rtol=0, atol=0)
+    # ambiguous shapes and no metadata: taken as this layer's own (a rebuilt Flash checkpoint stays intact),
+    # with a warning that names the other layout and its conversion
+    for cls, fix in ((fe.FlashEQLinear, "naive_to_planes"), (fe.NaiveEQLinear, "planes_to_naive")):
+        a, b = cls(16, 16, dtype=F64), cls(16, 16, dtype=F64)
+        with pytest.warns(UserWarning, match=f"no layout metadata.*fits both layouts.*{fix}"):
+            b.load_state_dict({k: v.clone() for k, v in a.state_dict().items()})
+        torch.testing.assert_close(b.weight, a.weight, rtol=0, atol=0)
 
 
 def test_naive_state_dict_loads_into_naive():
