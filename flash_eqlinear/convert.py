@@ -1,6 +1,6 @@
 """Convert a checkpoint's naive EQ-Linear entries to FlashEQLinear's.
 
-Usage: ``python -m flash_eqlinear.convert IN.pth OUT.pth [--key KEY] [--trust]``
+Usage: ``python -m flash_eqlinear.convert IN.pth OUT.pth [--key KEY] [--only LAYER ...] [--trust]``
 
 IN may be a bare state_dict or a dict holding one under a key such as ``model`` or
 ``state_dict`` (the other entries, e.g. an epoch counter, are kept). Optimizer states are kept
@@ -58,7 +58,7 @@ def convert_checkpoint(ckpt, key: str | None = None, only=None):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m flash_eqlinear.convert", description=__doc__.split("\n")[1])
+    ap = argparse.ArgumentParser(prog="python -m flash_eqlinear.convert", description=__doc__.split("\n")[0])
     ap.add_argument("input", help="checkpoint with naive EQ-Linear entries (.pth)")
     ap.add_argument("output", help="where to write the converted checkpoint")
     ap.add_argument("--key", default=None, help="key holding the state_dict (default: auto-detect)")
@@ -77,19 +77,25 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         ckpt = torch.load(args.input, map_location="cpu", weights_only=not args.trust)
+    except OSError as e:  # missing, unreadable
+        print(f"error: cannot read {args.input}: {e}", file=sys.stderr)
+        return 2
     except Exception as e:  # pickle errors come in many types
-        print(
-            f"error: cannot load {args.input}: {e}\n(use --trust for checkpoints holding arbitrary objects)",
-            file=sys.stderr,
-        )
+        hint = "" if args.trust else "\n(use --trust for checkpoints holding arbitrary objects)"
+        print(f"error: cannot load {args.input}: {e}{hint}", file=sys.stderr)
         return 2
     try:
         out, names = convert_checkpoint(ckpt, args.key, args.only)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    torch.save(out, args.output)
-    print(f"converted {len(names)} EQ-Linear layer(s): {args.input} -> {args.output}")
+    try:
+        torch.save(out, args.output)
+    except (OSError, RuntimeError) as e:  # torch reports a missing directory as a RuntimeError
+        print(f"error: cannot write {args.output}: {e}", file=sys.stderr)
+        return 2
+    none = " (no naive EQ-Linear entries found; the output is a copy)" if not names else ""
+    print(f"converted {len(names)} EQ-Linear layer(s): {args.input} -> {args.output}{none}")
     for name in names:
         print(f"  {name or '<root>'}")
     return 0

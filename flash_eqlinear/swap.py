@@ -57,18 +57,27 @@ def swap_eq_linear(model: nn.Module, include=None) -> list[str]:
 
     ``include``: None (all), a predicate ``(qualified_name, module) -> bool``, or glob patterns
     on qualified names (``"blocks.*.mlp.*"``). Keeps device, dtype, requires_grad and train/eval
-    mode. Returns the qualified names replaced. The model itself cannot be a layer to replace.
+    mode, and weight tying: a layer registered under several names is replaced under all of them when
+    any is selected. Returns the qualified names replaced. The model itself cannot be a layer to replace
+    (ValueError: build its replacement with ``FlashEQLinear.from_naive``).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if is_naive_eq_linear(model):
+        raise ValueError(
+            f"model is itself a naive EQ-Linear ({type(model).__name__}), which cannot be replaced in place: "
+            "use FlashEQLinear.from_naive(model.weight, model.bias) (reference-style layers: model.weights, "
+            "model.c), or wrap it in a container"
+        )
     keep = _selector(include)
     # remove_duplicate=False: a layer registered under several names is replaced under each of
-    # them, by one shared FlashEQLinear (the model keeps its weight tying).
-    targets = [
-        (name, m)
-        for name, m in model.named_modules(remove_duplicate=False)
-        if name and is_naive_eq_linear(m) and keep(name, m)
+    # them, by one shared FlashEQLinear (the model keeps its weight tying), also where ``include``
+    # selects only some of its names.
+    layers = [
+        (name, m) for name, m in model.named_modules(remove_duplicate=False) if name and is_naive_eq_linear(m)
     ]
+    chosen = {id(m) for name, m in layers if keep(name, m)}
+    targets = [(name, m) for name, m in layers if id(m) in chosen]
     new: dict[int, FlashEQLinear] = {}
     for name, module in targets:
         parent_name, _, attr = name.rpartition(".")
@@ -88,7 +97,7 @@ def convert_state_dict(state_dict, only=None) -> OrderedDict[str, torch.Tensor]:
     replaced with :func:`swap_eq_linear`. ``only``: layer names to convert (e.g. the list
     :func:`swap_eq_linear` returns); by default every entry of those forms, which can also match
     an unrelated parameter named ``weights`` of shape (n, 1, a, b): pass ``only`` where a model
-    holds such parameters.
+    holds such parameters. A name of ``only`` with no entries under it raises ValueError.
     """
     return convert_state_dict_with_names(state_dict, only)[0]
 
@@ -104,6 +113,13 @@ def convert_state_dict_with_names(state_dict, only=None):
     prefixes |= {k + "." if k else "" for k, v in meta.items() if v.get(LAYOUT_KEY) == "group"}
     if only is not None:
         only = {name + "." if name else "" for name in ([only] if isinstance(only, str) else only)}
+        absent = sorted(p[:-1] for p in only if p and not any(k.startswith(p) for k in state_dict))
+        if absent:
+            raise ValueError(
+                f"only: no entries under {absent} in the state_dict (its keys start e.g. "
+                f"{sorted({k.split('.')[0] for k in state_dict})[:5]}; a wrapper's prefix such as 'module.' "
+                "must be part of the names)"
+            )
         prefixes &= only
     converted = []
     for prefix in sorted(prefixes):

@@ -103,6 +103,16 @@ def test_main_in_process_key_and_errors(tmp_path, capsys):
     torch.save([torch.zeros(2)], tmp_path / "list.pth")
     assert main([str(tmp_path / "list.pth"), str(tmp_path / "e.pth")]) == 2
     assert "not a dict" in capsys.readouterr().err
+    assert main([str(tmp_path / "missing.pth"), str(tmp_path / "f.pth")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read" in err and "--trust" not in err
+    assert main([str(src), str(tmp_path / "no_dir" / "g.pth"), "--key", "weights_ema"]) == 2
+    assert "cannot write" in capsys.readouterr().err
+    assert main([str(src), str(tmp_path / "h.pth"), "--key", "weights_ema", "--only", "fc9"]) == 2
+    assert "no entries under ['fc9']" in capsys.readouterr().err
+    torch.save({"step": torch.zeros(1)}, tmp_path / "plain.pth")
+    assert main([str(tmp_path / "plain.pth"), str(tmp_path / "i.pth")]) == 0
+    assert "no naive EQ-Linear entries found" in capsys.readouterr().out
 
 
 def test_convert_checkpoint_keeps_other_entries():

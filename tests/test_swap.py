@@ -146,7 +146,8 @@ def test_swap_keeps_dtype(dtype):
 
 def test_swap_root_and_non_module():
     layer = fe.NaiveEQLinear(8, 8)
-    assert fe.swap_eq_linear(layer) == []  # the root itself cannot be replaced in place
+    with pytest.raises(ValueError, match="itself a naive EQ-Linear.*from_naive"):
+        fe.swap_eq_linear(layer)  # the root itself cannot be replaced in place
     assert isinstance(layer, fe.NaiveEQLinear)
     with pytest.raises(TypeError, match="nn.Module"):
         fe.swap_eq_linear({"a": layer})
@@ -162,6 +163,16 @@ def test_swap_shared_layer_replaced_everywhere(gen):
     assert isinstance(model[0], fe.FlashEQLinear) and model[2] is model[0]  # still shared
     with torch.no_grad():
         assert rel_l2(model(x), before) < 1e-13
+
+
+def test_swap_shared_layer_selected_under_one_name(gen):
+    """``include`` naming one of a shared layer's names replaces it under all of them (tying kept)."""
+    shared = fe.NaiveEQLinear(8, 8, dtype=F64)
+    model = nn.Module()
+    model.a, model.b, model.other = shared, shared, fe.NaiveEQLinear(8, 8, dtype=F64)
+    assert fe.swap_eq_linear(model, include="a") == ["a", "b"]
+    assert isinstance(model.a, fe.FlashEQLinear) and model.b is model.a
+    assert isinstance(model.other, fe.NaiveEQLinear)
 
 
 def test_is_naive_eq_linear():
@@ -248,3 +259,5 @@ def test_convert_state_dict_only_named_layers():
     assert "eq.weight" in out and "eq.weights" not in out
     assert out["dw.weights"] is conv_like
     assert "dw.weight" in fe.convert_state_dict(sd)  # without `only`, every match converts
+    with pytest.raises(ValueError, match=r"no entries under \['fc9'\].*'module\.'"):
+        fe.convert_state_dict(sd, only=["eq", "fc9"])  # e.g. a name without its wrapper's prefix
