@@ -156,10 +156,10 @@ class _EQLinearBase(ParamCache, nn.Module):
                         else ("FlashEQLinear planes (T, d, c)", "flash_eqlinear.planes_to_naive")
                     )
                     warnings.warn(
-                        f"{prefix}weight {tuple(w.shape)}: the state_dict has no layout metadata and this shape "
-                        f"(d = c = T = {T}) fits both layouts; loaded as {type(self).__name__}'s own. If it "
-                        f"holds {theirs}, pass it through {fix} first (state_dicts keep the metadata that tells "
-                        "them apart in state_dict._metadata, which copying the dict into a new one drops)",
+                        f"{prefix}weight {tuple(w.shape)}: the state_dict has no layout metadata and this "
+                        f"shape (d = c = T = {T}) fits both layouts; loaded as {type(self).__name__}'s own. "
+                        f"If it holds {theirs}, pass it through {fix} first (state_dicts keep the metadata "
+                        "that tells them apart in state_dict._metadata, which copying the dict drops)",
                         stacklevel=4,
                     )
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
