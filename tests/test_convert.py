@@ -147,3 +147,20 @@ def test_selfcheck_cli_runs_on_cpu():
     assert "backend=reference" in res.stdout
     assert "FlashEQLinear [reference/dense]" in res.stdout  # C = 64: the dense form on the CPU
     assert "exactness OK" in res.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--channels", "510"], "multiple of --group-size"),
+        (["--group-size", "0"], "--group-size must be at least 1"),
+        (["--rows", "0"], "--rows must be at least 1"),
+        (["--device", "foo"], "--device"),
+    ],
+)
+def test_selfcheck_cli_argument_errors(args, message, capsys):
+    from flash_eqlinear.__main__ import main as selfcheck
+
+    with pytest.raises(SystemExit) as e:
+        selfcheck(args)
+    assert e.value.code == 2 and message in capsys.readouterr().err
