@@ -110,6 +110,8 @@ class _EQLinearBase(ParamCache, nn.Module):
     def __init__(self, in_features, out_features, bias, group_size, device, dtype):
         super().__init__()
         T, c, d = _split_features(in_features, out_features, group_size)
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a real floating-point torch.dtype, got {dtype!r}")
         self.group_size, self.c, self.d = T, c, d
         self.in_features, self.out_features = in_features, out_features
         shape = (T, d, c) if self._layout == "planes" else (d, c, T)

@@ -612,20 +612,28 @@ def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torc
     Under ``torch.autocast`` it casts like ``nn.Linear`` (an FP32 x in training as
     :func:`flash_eq_linear` takes it).
     """
-    x, weight1, bias1, _, (T, c, h) = _autocast_and_check(x, weight1, bias1, group_size)
+    try:
+        x, weight1, bias1, _, (T, c, h) = _autocast_and_check(x, weight1, bias1, group_size)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise type(e)(f"flash_eq_mlp, first layer (x, weight1, bias1): {e}") from None
     _, weight2, bias2 = autocast_inputs(x, weight2, bias2, cast_x=False)
     if not isinstance(weight2, torch.Tensor) or weight2.dim() != 3 or weight2.shape[::2] != (T, h):
         got = tuple(weight2.shape) if isinstance(weight2, torch.Tensor) else type(weight2).__name__
         raise ValueError(
             f"weight2 must have shape (T, d, h) = ({T}, d, {h}) (weight1 is (T, h, c)), got {got}"
         )
+    try:  # the hidden activation: x's dtype and device
+        reference.check_inputs(x.new_empty((0, h * T)), weight2, bias2, T, "planes")
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise type(e)(
+            f"flash_eq_mlp, second layer (weight2, bias2; its input has x's dtype and device): {e}"
+        ) from None
     params = (x, weight1, bias1, weight2, bias2)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
     fused = os.environ.get("FLASH_EQLINEAR_FUSED_MLP", "1").strip() != "0"
     if needs_grad or not fused or backend_for(x, T) != "cuda":
         hidden = torch.nn.functional.gelu(flash_eq_linear(x, weight1, bias1, T))
         return flash_eq_linear(hidden, weight2, bias2, T)
-    reference.check_inputs(x.new_empty((0, h * T)), weight2, bias2, T, "planes")  # layer 2's dtype, device
     hidden = _call("gelu", x.reshape(-1, c * T).contiguous(), weight1.contiguous(), bias1)
     y = _call("fwd", hidden, weight2.contiguous(), bias2)
     return y.reshape(*x.shape[:-1], y.shape[-1])

@@ -69,7 +69,13 @@ def check_inputs(x, weight, bias, group_size, layout: str, input_dtype=None) -> 
     else:
         d, c, wT = weight.shape
     if wT != T:
-        raise ValueError(f"weight {tuple(weight.shape)} holds group size {wT} but group_size={T}")
+        ours, theirs, fix = ("planes", "group-domain", "naive_to_planes")
+        if layout != "planes":
+            ours, theirs, fix = ("group-domain", "planes", "planes_to_naive")
+        shapes = {"planes": "(T, d, c)", "group-domain": "(d, c, T)"}
+        hint = f"{ours} weights are {shapes[ours]}; {theirs} ones {shapes[theirs]} convert by "
+        hint += f"flash_eqlinear.{fix}"
+        raise ValueError(f"weight {tuple(weight.shape)} holds group size {wT} but group_size={T} ({hint})")
     if x.dim() < 1 or x.shape[-1] != c * T:
         raise ValueError(
             f"input's last dimension must be in_features = c*T = {c}*{T} = {c * T}, "

@@ -140,6 +140,32 @@ def test_planes_wrong_rank(f):
         f(torch.randn(2, 12), torch.randn(8, 12), None, 4)
 
 
+def test_wrong_group_size_names_the_layout_conversion():
+    """A group-domain weight passed as planes (and vice versa): the message names the conversion."""
+    layer = fe.FlashEQLinear(16, 32)
+    with pytest.raises(ValueError, match=r"planes weights are \(T, d, c\).*flash_eqlinear.naive_to_planes"):
+        fe.flash_eq_linear(torch.randn(2, 16), layer.naive_weight().detach())
+    with pytest.raises(ValueError, match=r"group-domain weights are \(d, c, T\).*planes_to_naive"):
+        naive_eq_linear(torch.randn(2, 8), torch.randn(4, 2, 3), None, 4)  # planes (T, d, c) = (4, 2, 3)
+
+
+def test_non_float_dtype_at_construction():
+    for cls in LAYERS:
+        for dtype in (torch.complex64, torch.int32, "float32"):
+            with pytest.raises(TypeError, match="dtype must be a real floating-point torch.dtype"):
+                cls(16, 32, dtype=dtype)
+
+
+def test_mlp_errors_name_the_layer():
+    w1, w2 = torch.randn(4, 8, 4), torch.randn(4, 4, 8, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match=r"second layer \(weight2, bias2.*float32 does not match.*float64"):
+        fe.flash_eq_mlp(torch.randn(2, 16), w1, None, w2, None)
+    with pytest.raises(ValueError, match=r"first layer \(x, weight1, bias1\).*in_features"):
+        fe.flash_eq_mlp(torch.randn(2, 12), w1, None, w2.float(), None)
+    with pytest.raises(ValueError, match=r"second layer.*bias must have shape"):
+        fe.flash_eq_mlp(torch.randn(2, 16), w1, None, w2.float(), torch.randn(5))
+
+
 def test_naive_weight_wrong_group_size():
     with pytest.raises(ValueError, match=r"holds group size 4 but group_size=2"):
         naive_eq_linear(torch.randn(2, 6), torch.randn(2, 3, 4), None, 2)
