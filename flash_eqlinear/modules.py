@@ -255,11 +255,12 @@ class FlashEQLinear(_EQLinearBase):
         return planes_to_naive(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._caches() and isinstance(x, torch.Tensor) and backend_for(x, self.group_size) == "reference":
+        caches = self._caches()
+        if caches and isinstance(x, torch.Tensor) and backend_for(x, self.group_size) == "reference":
             y = self._kept_dense_forward(x)
             if y is not None:
                 return y
-        return flash_eq_linear(x, *self._params_for(x), self.group_size)
+        return flash_eq_linear(x, *self._params_for(x, caches), self.group_size)
 
     def _kept_dense_forward(self, x: torch.Tensor) -> torch.Tensor | None:
         """Inference off the fused kernels in the dense form (``reference_form`` with the dense weight kept):
@@ -288,12 +289,14 @@ class FlashEQLinear(_EQLinearBase):
         backward reads where they are (an attention's q, k, v)."""
         return flash_eq_linear_chunks(x, *self._params_for(x), chunks, self.group_size)
 
-    def _params_for(self, x) -> tuple:
+    def _params_for(self, x, caches: bool | None = None) -> tuple:
         """(weight, bias) for a call on ``x``: in inference under autocast their kept casts (above), else
-        the parameters themselves."""
+        the parameters themselves. ``caches``: :meth:`_caches`, where the caller has it."""
         weight, bias = self.weight, self.bias
         cast = _autocast_dtype(x) if isinstance(x, torch.Tensor) else None
-        if self._caches() and cast is not None and weight.dtype != cast:  # _caches first: it may drop them
+        if caches is None:
+            caches = self._caches()  # first: it may drop what was kept
+        if caches and cast is not None and weight.dtype != cast:
             w, b = weight.detach(), None if bias is None else bias.detach()
             weight, bias = self._cached(cast, lambda: _cast_to(cast, None, w, b, cast_x=False)[1:])
         return weight, bias
