@@ -6,6 +6,7 @@
 // its copies and the warp's rows) in registers, then sums the block's warps in shared memory: one partial
 // row per block, no atomics.
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -189,7 +190,7 @@ __global__ void __launch_bounds__(kWarps * 32, (bwd_min_blocks<TX, TY, kV>()))
       store_row<kV>(static_cast<TX*>(p.grad_x) + row * n, lane, c, [&](int i, int e) {
         float g[4], xh[4];
         unpack(i, g, xh);
-        return rstd * (g[e] * w[i] - s1 - xh[e] * s2);
+        return rstd * (__fmul_rn(g[e], w[i]) - s1 - xh[e] * s2);  // g w rounded, as in the sums (no FMA)
       });
     }
   }
@@ -250,14 +251,26 @@ template <class F> cudaError_t with_fields_per_lane(int c, F&& f) {
   return f(std::integral_constant<int, 16>{});
 }
 
-// The backward variant's resident blocks per SM (queried once).
+// The backward variant's resident blocks per SM on the current device (queried once per device).
 template <class TX, class TY, int kV> int bwd_blocks_per_sm() {
-  static const int n = [] {
-    int b = 0;
-    const cudaError_t e =
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, group_ln_bwd_kernel<TX, TY, kV>, kWarps * 32, 0);
-    return e == cudaSuccess && b > 0 ? b : 1;
-  }();
+  constexpr int kMaxDev = 64;
+  static std::atomic<int> cache[kMaxDev];  // 0: unknown; racing writers store the same value
+  int dev = -1;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    dev = -1;
+  }
+  if (dev >= 0 && dev < kMaxDev) {
+    const int n = cache[dev].load(std::memory_order_relaxed);
+    if (n > 0) return n;
+  }
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, group_ln_bwd_kernel<TX, TY, kV>, kWarps * 32, 0) !=
+          cudaSuccess || n < 1) {
+    cudaGetLastError();  // do not leave a query failure for the launch check to report
+    n = 1;
+  }
+  if (dev >= 0 && dev < kMaxDev) cache[dev].store(n, std::memory_order_relaxed);
   return n;
 }
 

@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     M = 32768 if gpu and args.rows is None else 4096 if args.rows is None else args.rows
     C = 2048 if gpu and args.channels is None else 512 if args.channels is None else args.channels
     if C % T:
-        ap.error(f"--channels ({C}) must be a multiple of --group-size ({T})")
+        ap.error(f"the channel count C = {C} (--channels) must be a multiple of --group-size = {T}")
     iters = args.iters or (50 if gpu else 10)
     torch.manual_seed(0)
 

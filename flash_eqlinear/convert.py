@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 import torch
 
@@ -85,10 +86,14 @@ def main(argv=None) -> int:
         print(f"error: cannot load {args.input}: {e}{hint}", file=sys.stderr)
         return 2
     try:
-        out, names = convert_checkpoint(ckpt, args.key, args.only)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out, names = convert_checkpoint(ckpt, args.key, args.only)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
     try:
         torch.save(out, args.output)
     except (OSError, RuntimeError) as e:  # torch reports a missing directory as a RuntimeError

@@ -21,6 +21,7 @@ from .ops import (
     _cast_to,
     autocast_inputs,
     backend_for,
+    check_chunks,
     flash_eq_linear,
     flash_eq_linear_chunks,
     reference_form,
@@ -270,24 +271,33 @@ class FlashEQLinear(_EQLinearBase):
         T, c, d = self.group_size, self.c, self.d
         if reference_form(x, T, c, d, dense_kept=True) != "dense":
             return None
-        cast = _autocast_dtype(x)
-        w, b = self.weight.detach(), None if self.bias is None else self.bias.detach()
-
-        def expand():
-            wc, bc = (w, b) if cast is None else _cast_to(cast, None, w, b, cast_x=False)[1:]
+        kept = self._kept(_autocast_dtype(x))
+        wc, bc = kept["params"]
+        x = _autocast_and_check(x, wc, bc, T)[0]  # the uncached path's casts and errors, before expanding
+        if "dense" not in kept:
             # As the dense form per call: the group-domain weight in at least FP32, rounded once.
             g = planes_to_naive(wc if wc.dtype in (torch.float32, torch.float64) else wc.float()).to(wc.dtype)
-            return wc, bc, reference.dense_weight(g), reference.dense_bias(bc, T)
-
-        wc, bc, dense, dense_b = self._cached(("dense", cast), expand)
-        x = _autocast_and_check(x, wc, bc, T)[0]  # the uncached path's casts and errors
-        return F.linear(x, dense, dense_b)
+            kept["dense"] = reference.dense_weight(g), reference.dense_bias(bc, T)
+        return F.linear(x, *kept["dense"])
 
     def forward_chunks(self, x: torch.Tensor, chunks: int) -> tuple[torch.Tensor, ...]:
         """``self(x).chunk(chunks, -1)`` (whole fields per chunk), as :func:`flash_eq_linear_chunks` makes
         it: for ``chunks == 3`` on the fused kernels, three tensors of their own whose gradients the
-        backward reads where they are (an attention's q, k, v)."""
+        backward reads where they are (an attention's q, k, v); off them, views of :meth:`forward`'s
+        output."""
+        if isinstance(x, torch.Tensor) and backend_for(x, self.group_size) == "reference":
+            check_chunks(chunks, self.d)
+            return self(x).chunk(chunks, -1)
         return flash_eq_linear_chunks(x, *self._params_for(x), chunks, self.group_size)
+
+    def _kept(self, cast: torch.dtype | None) -> dict:
+        """What inference keeps of the parameters for autocast dtype ``cast`` (None: autocast off), one
+        entry shared by its uses (:meth:`ParamCache._cached`): ``"params"``, the weight and bias cast (or
+        themselves), and where the dense form ran, ``"dense"``, its expanded weight and bias."""
+        w, b = self.weight.detach(), None if self.bias is None else self.bias.detach()
+        return self._cached(
+            cast, lambda: {"params": (w, b) if cast is None else _cast_to(cast, None, w, b, False)[1:]}
+        )
 
     def _params_for(self, x, caches: bool | None = None) -> tuple:
         """(weight, bias) for a call on ``x``: in inference under autocast their kept casts (above), else
@@ -297,8 +307,7 @@ class FlashEQLinear(_EQLinearBase):
         if caches is None:
             caches = self._caches()  # first: it may drop what was kept
         if caches and cast is not None and weight.dtype != cast:
-            w, b = weight.detach(), None if bias is None else bias.detach()
-            weight, bias = self._cached(cast, lambda: _cast_to(cast, None, w, b, cast_x=False)[1:])
+            weight, bias = self._kept(cast)["params"]
         return weight, bias
 
     @classmethod

@@ -115,7 +115,7 @@ def reference_form(x: torch.Tensor, group_size: int, c: int, d: int, dense_kept:
     if BACKEND == "reference":
         return "fourier"
     if x.device.type == "cpu" and group_size >= 3 and group_size * math.sqrt(c * d) >= 1024:
-        if not dense_kept or x.numel() >= 256 * x.shape[-1]:
+        if not dense_kept or (x.dim() >= 1 and x.numel() >= 256 * x.shape[-1]):
             return "fourier"
     return "dense"
 
@@ -615,28 +615,36 @@ def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torc
     try:
         x, weight1, bias1, _, (T, c, h) = _autocast_and_check(x, weight1, bias1, group_size)
     except (TypeError, ValueError, RuntimeError) as e:
-        raise type(e)(f"flash_eq_mlp, first layer (x, weight1, bias1): {e}") from None
+        raise _naming(e, "flash_eq_mlp, first layer (x, weight1, bias1)") from None
     _, weight2, bias2 = autocast_inputs(x, weight2, bias2, cast_x=False)
     if not isinstance(weight2, torch.Tensor) or weight2.dim() != 3 or weight2.shape[::2] != (T, h):
         got = tuple(weight2.shape) if isinstance(weight2, torch.Tensor) else type(weight2).__name__
         raise ValueError(
             f"weight2 must have shape (T, d, h) = ({T}, d, {h}) (weight1 is (T, h, c)), got {got}"
         )
-    try:  # the hidden activation: x's dtype and device
-        reference.check_inputs(x.new_empty((0, h * T)), weight2, bias2, T, "planes")
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise type(e)(
-            f"flash_eq_mlp, second layer (weight2, bias2; its input has x's dtype and device): {e}"
-        ) from None
+    second = "flash_eq_mlp, second layer (weight2, bias2; its input has weight1's dtype)"
     params = (x, weight1, bias1, weight2, bias2)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
     fused = os.environ.get("FLASH_EQLINEAR_FUSED_MLP", "1").strip() != "0"
     if needs_grad or not fused or backend_for(x, T) != "cuda":
         hidden = torch.nn.functional.gelu(flash_eq_linear(x, weight1, bias1, T))
-        return flash_eq_linear(hidden, weight2, bias2, T)
+        try:
+            return flash_eq_linear(hidden, weight2, bias2, T)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise _naming(e, second) from None
+    try:  # the hidden activation: weight1's dtype (x's, or x kept FP32 under autocast), x's device
+        reference.check_inputs(x.new_empty((0, h * T), dtype=weight1.dtype), weight2, bias2, T, "planes")
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise _naming(e, second) from None
     hidden = _call("gelu", x.reshape(-1, c * T).contiguous(), weight1.contiguous(), bias1)
     y = _call("fwd", hidden, weight2.contiguous(), bias2)
     return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def _naming(e: Exception, what: str) -> Exception:
+    """``e`` with ``what`` (the layer it concerns) before its message: for the plain exception types a
+    check raises; others (subclasses with constructors of their own, e.g. out of memory) as they are."""
+    return type(e)(f"{what}: {e}") if type(e) in (TypeError, ValueError, RuntimeError) else e
 
 
 def flash_eq_linear(x, weight, bias=None, group_size: int = 4) -> torch.Tensor:
@@ -670,9 +678,14 @@ def flash_eq_linear_chunks(
     (inference, other ``chunks``, other paths) the chunks are views of the whole output.
     """
     x, weight, bias, keep32, (T, c, d) = _autocast_and_check(x, weight, bias, group_size)
-    if not isinstance(chunks, int) or chunks < 1 or d % chunks:
-        raise ValueError(f"chunks must be a positive divisor of d = {d} (whole fields each), got {chunks!r}")
+    check_chunks(chunks, d)
     return _eq_linear(x, weight, bias, keep32, (T, c, d), chunks)
+
+
+def check_chunks(chunks, d: int) -> None:
+    """ValueError unless ``chunks`` splits d fields into whole fields each."""
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1 or d % chunks:
+        raise ValueError(f"chunks must be a positive divisor of d = {d} (whole fields each), got {chunks!r}")
 
 
 def _eq_linear(x, weight, bias, keep32: bool, dims: tuple, chunks: int = 0):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -58,18 +59,19 @@ def swap_eq_linear(model: nn.Module, include=None) -> list[str]:
     ``include``: None (all), a predicate ``(qualified_name, module) -> bool``, or glob patterns
     on qualified names (``"blocks.*.mlp.*"``). Keeps device, dtype, requires_grad and train/eval
     mode, and weight tying: a layer registered under several names is replaced under all of them when
-    any is selected. Returns the qualified names replaced. The model itself cannot be a layer to replace
-    (ValueError: build its replacement with ``FlashEQLinear.from_naive``).
+    any is selected. Returns the qualified names replaced. The model itself cannot be a layer to replace:
+    a naive layer passed as the model, where ``include`` selects it (qualified name ``""``), raises
+    ValueError (build its replacement with ``FlashEQLinear.from_naive``).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if is_naive_eq_linear(model):
+    keep = _selector(include)
+    if is_naive_eq_linear(model) and keep("", model):
         raise ValueError(
             f"model is itself a naive EQ-Linear ({type(model).__name__}), which cannot be replaced in place: "
             "use FlashEQLinear.from_naive(model.weight, model.bias) (reference-style layers: model.weights, "
             "model.c), or wrap it in a container"
         )
-    keep = _selector(include)
     # remove_duplicate=False: a layer registered under several names is replaced under each of
     # them, by one shared FlashEQLinear (the model keeps its weight tying), also where ``include``
     # selects only some of its names.
@@ -97,7 +99,7 @@ def convert_state_dict(state_dict, only=None) -> OrderedDict[str, torch.Tensor]:
     replaced with :func:`swap_eq_linear`. ``only``: layer names to convert (e.g. the list
     :func:`swap_eq_linear` returns); by default every entry of those forms, which can also match
     an unrelated parameter named ``weights`` of shape (n, 1, a, b): pass ``only`` where a model
-    holds such parameters. A name of ``only`` with no entries under it raises ValueError.
+    holds such parameters. A name of ``only`` with no entries under it gives a warning.
     """
     return convert_state_dict_with_names(state_dict, only)[0]
 
@@ -114,11 +116,12 @@ def convert_state_dict_with_names(state_dict, only=None):
     if only is not None:
         only = {name + "." if name else "" for name in ([only] if isinstance(only, str) else only)}
         absent = sorted(p[:-1] for p in only if p and not any(k.startswith(p) for k in state_dict))
-        if absent:
-            raise ValueError(
+        if absent:  # e.g. a layer the model has and the checkpoint not, or a name without a wrapper's prefix
+            warnings.warn(
                 f"only: no entries under {absent} in the state_dict (its keys start e.g. "
                 f"{sorted({k.split('.')[0] for k in state_dict})[:5]}; a wrapper's prefix such as 'module.' "
-                "must be part of the names)"
+                "must be part of the names)",
+                stacklevel=3,
             )
         prefixes &= only
     converted = []

@@ -163,6 +163,26 @@ def test_mlp_module_and_compile():
     assert rel_l2(yt, y) <= 2.0**-10 and all(p.grad is not None for p in mlp.parameters())
 
 
+@pytest.mark.parametrize("cast", [torch.float16, torch.bfloat16], ids=str)
+def test_mlp_fp32_input_needing_grad_under_autocast(cast):
+    """Training under autocast with an FP32 x that needs its gradient (e.g. a stock LayerNorm's output): the
+    first layer takes x as it is, the second its output in the autocast dtype; the three calls' values and
+    gradients."""
+    x, w1, b1, w2, b2 = make(129, 48, 192, 48, torch.float32)
+    g = torch.randn(129, 4 * 48, device=DEV)
+
+    def three_calls(x, w1, b1, w2, b2):
+        return fe.flash_eq_linear(F.gelu(fe.flash_eq_linear(x, w1, b1)), w2, b2)
+
+    with torch.autocast("cuda", dtype=cast):
+        y, grads = grads_of(fe.flash_eq_mlp, (x, w1, b1, w2, b2), g)
+        y_ref, want = grads_of(three_calls, (x, w1, b1, w2, b2), g)
+    assert y.dtype == cast and grads[0].dtype == torch.float32
+    assert torch.equal(y, y_ref)
+    for a, b in zip(grads, want, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_mlp_hooks_run_the_modules():
     mlp = Mlp(Variant("flash"), 64, 256).to(DEV)
     seen = []
@@ -192,7 +212,7 @@ def test_mlp_misuse_raises():
     with torch.no_grad():
         with pytest.raises(ValueError, match="weight2"):
             fe.flash_eq_mlp(x, w1, b1, w2[:, :, :-1], b2)
-        with pytest.raises(RuntimeError, match="dtype"):
+        with pytest.raises(RuntimeError, match="second layer.*dtype"):
             fe.flash_eq_mlp(x, w1, b1, w2.half(), b2)
         with pytest.raises(ValueError, match="bias"):
             fe.flash_eq_mlp(x, w1, b1, w2, b2[:-1])

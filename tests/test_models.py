@@ -207,6 +207,21 @@ def test_group_layer_norm_inference_keeps_expanded_params():
 
 
 @pytest.mark.parametrize("kind", ["vit", "swin"])
+def test_flash_layers_keep_dense_weight_off_the_kernels(kind):
+    """Eval-mode inference on the CPU: every EQ-Linear of the flash model, the MLPs' and the attentions' qkv
+    included, keeps its expanded weight (as the naive model's layers do), and the outputs stay the same."""
+    flash = tiny(kind, "flash")
+    img = image(32)
+    with torch.no_grad():
+        y = flash(img)
+        layers = [m for m in flash.modules() if isinstance(m, FlashEQLinear)]
+        assert layers and all(m._cache is not None and "dense" in m._cache[2] for m in layers)
+        assert torch.equal(flash(img), y)
+        flash.train()
+        assert torch.equal(flash(img), y)  # nothing kept: computed per call, the same values
+
+
+@pytest.mark.parametrize("kind", ["vit", "swin"])
 def test_flash_matches_naive_same_weights(kind):
     naive = tiny(kind, "naive")
     n_naive = sum(isinstance(m, NaiveEQLinear) for m in naive.modules())

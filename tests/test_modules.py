@@ -687,7 +687,7 @@ def test_flash_autocast_inference_reuses_casts(gen):
         with torch.no_grad():
             y1 = layer(x)
             cached = layer._cache[2]  # on the CPU (dense form) also the expanded weight and bias
-            assert [t.dtype for t in cached] == [bf16] * len(cached)
+            assert [t.dtype for t in cached["params"]] == [bf16, bf16]
             assert torch.equal(layer(x), y1) and layer._cache[2] is cached
             layer.weight.mul_(2)  # an in-place update: cast again
             y2 = layer(x)
@@ -711,7 +711,7 @@ def test_flash_inference_keeps_dense_weight(gen):
     with torch.no_grad():
         y1 = layer(x)
         kept = layer._cache[2]
-        assert [tuple(t.shape) for t in kept] == [(4, 6, 8), (6,), (24, 32), (24,)]
+        assert [tuple(t.shape) for t in kept["params"] + kept["dense"]] == [(4, 6, 8), (6,), (24, 32), (24,)]
         assert torch.equal(y1, fe.flash_eq_linear(x, layer.weight, layer.bias))
         assert torch.equal(layer(x), y1) and layer._cache[2] is kept
         layer.weight.mul_(-2.0)
@@ -723,6 +723,27 @@ def test_flash_inference_keeps_dense_weight(gen):
     assert layer._cache is None and torch.equal(y.detach(), y2)
     y.sum().backward()
     assert layer.weight.grad.abs().sum() > 0
+
+
+def test_flash_inference_casts_shared_by_both_forms(gen):
+    """Under autocast, the Fourier form (from 256 rows) and the kept dense form (fewer) share one entry: the
+    weight and bias cast once, the expansion added once, whatever the order of the calls."""
+    bf16 = torch.bfloat16
+    layer = fe.FlashEQLinear(1024, 1024).eval()
+    small, large = torch.randn(8, 1024, generator=gen), torch.randn(256, 1024, generator=gen)
+    with torch.autocast("cpu", dtype=bf16), torch.no_grad():
+        y_large = layer(large)
+        kept = layer._cache[2]
+        params = kept["params"]
+        assert [t.dtype for t in params] == [bf16, bf16] and "dense" not in kept
+        y_small = layer(small)
+        assert layer._cache[2] is kept and kept["params"] is params and kept["dense"][0].shape == (1024, 1024)
+        dense = kept["dense"]
+        assert torch.equal(layer(large), y_large) and torch.equal(layer(small), y_small)
+        assert layer._cache[2] is kept and kept["dense"] is dense
+        assert torch.equal(y_large, fe.flash_eq_linear(large, *params))
+        q, k, v = layer.forward_chunks(small, 4)[:3]  # off the fused kernels: views of forward's output
+        assert torch.equal(torch.cat([q, k, v], -1), y_small[:, :768]) and layer._cache[2] is kept
 
 
 def test_flash_inference_form_by_rows(gen):

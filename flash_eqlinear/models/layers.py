@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from ..layer_norm import expand_over_group, fused_dtype, fused_group_layer_norm, stock_group_layer_norm
 from ..modules import FlashEQLinear, NaiveEQLinear, ParamCache
-from ..ops import _autocast_dtype, flash_eq_mlp
+from ..ops import _autocast_dtype, backend_for, flash_eq_mlp
 from ..swap import is_naive_eq_linear
 
 __all__ = [
@@ -250,8 +250,9 @@ class Mlp(nn.Module):
     """Linear -> GELU -> Linear (GELU is pointwise, so it commutes with the group action).
 
     With two :class:`~flash_eqlinear.FlashEQLinear` layers (without forward hooks, which a fused call
-    would skip) and the exact GELU, one :func:`~flash_eqlinear.flash_eq_mlp` call (in inference, GELU
-    in the first layer's kernel where it can be); the same function either way.
+    would skip) and the exact GELU, on the fused kernels one :func:`~flash_eqlinear.flash_eq_mlp` call (in
+    inference, GELU in the first layer's kernel where it can be); the same function either way. Off them
+    the layers run one by one (in inference, each with what it keeps).
     """
 
     def __init__(self, variant: Variant, dim: int, hidden: int):
@@ -269,6 +270,7 @@ class Mlp(nn.Module):
             and type(self.act) is nn.GELU
             and self.act.approximate == "none"
             and not any(m._forward_hooks or m._forward_pre_hooks for m in (fc1, self.act, fc2))
+            and backend_for(x, fc1.group_size) == "cuda"
         ):
             return flash_eq_mlp(x, *fc1._params_for(x), *fc2._params_for(x), fc1.group_size)
         return fc2(self.act(fc1(x)))
