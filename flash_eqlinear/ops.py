@@ -632,7 +632,7 @@ def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torc
             return flash_eq_linear(hidden, weight2, bias2, T)
         except (TypeError, ValueError, RuntimeError) as e:
             raise _naming(e, second) from None
-    try:  # the hidden activation: weight1's dtype (x's, or x kept FP32 under autocast), x's device
+    try:  # the hidden activation: weight1's dtype, x's device
         reference.check_inputs(x.new_empty((0, h * T), dtype=weight1.dtype), weight2, bias2, T, "planes")
     except (TypeError, ValueError, RuntimeError) as e:
         raise _naming(e, second) from None
