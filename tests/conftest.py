@@ -10,6 +10,7 @@ instead of index arithmetic) so that comparing against it really checks the conv
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,12 +33,10 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def require_cuda_kernels() -> None:
     """Skips the calling test module, with the reason, where there is no CUDA GPU or no built extension."""
-    import inspect
-
     import flash_eqlinear as fe
 
     # (pytest's summary line names this file; the reason names the module)
-    module = Path(inspect.stack()[1].filename).name
+    module = Path(sys._getframe(1).f_code.co_filename).name
     if not torch.cuda.is_available():
         pytest.skip(f"{module}: no CUDA GPU, fused-kernel tests skipped", allow_module_level=True)
     if not fe.kernels_available():
