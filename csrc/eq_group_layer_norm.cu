@@ -6,7 +6,6 @@
 // its copies and the warp's rows) in registers, then sums the block's warps in shared memory: one partial
 // row per block, no atomics.
 
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -14,6 +13,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#include "eq_func_attr.cuh"
 #include "eq_group_layer_norm.h"
 
 namespace flash_eqlinear {
@@ -251,29 +251,6 @@ template <class F> cudaError_t with_fields_per_lane(int c, F&& f) {
   return f(std::integral_constant<int, 16>{});
 }
 
-// The backward variant's resident blocks per SM on the current device (queried once per device).
-template <class TX, class TY, int kV> int bwd_blocks_per_sm() {
-  constexpr int kMaxDev = 64;
-  static std::atomic<int> cache[kMaxDev];  // 0: unknown; racing writers store the same value
-  int dev = -1;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    cudaGetLastError();
-    dev = -1;
-  }
-  if (dev >= 0 && dev < kMaxDev) {
-    const int n = cache[dev].load(std::memory_order_relaxed);
-    if (n > 0) return n;
-  }
-  int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, group_ln_bwd_kernel<TX, TY, kV>, kWarps * 32, 0) !=
-          cudaSuccess || n < 1) {
-    cudaGetLastError();  // do not leave a query failure for the launch check to report
-    n = 1;
-  }
-  if (dev >= 0 && dev < kMaxDev) cache[dev].store(n, std::memory_order_relaxed);
-  return n;
-}
-
 }  // namespace
 
 cudaError_t eq_group_layer_norm_fwd(const GroupLayerNormFwdParams& p, ElemType x_type, ElemType y_type,
@@ -300,7 +277,8 @@ int eq_group_layer_norm_bwd_blocks(int64_t M, int c, ElemType x_type, ElemType y
   if (c >= 1 && c <= kGroupLayerNormMaxFields)
     (void)with_types(x_type, y_type, [&](auto tx, auto ty) {
       return with_fields_per_lane(c, [&](auto v) {
-        per_sm = bwd_blocks_per_sm<decltype(tx), decltype(ty), decltype(v)::value>();
+        per_sm = resident_blocks_per_sm(group_ln_bwd_kernel<decltype(tx), decltype(ty), decltype(v)::value>,
+                                        kWarps * 32, 0);
         return cudaSuccess;
       });
     });

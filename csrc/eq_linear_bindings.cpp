@@ -966,8 +966,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_layer_norm_bwd(const at::Te
                 op, ": mean and rstd must be float32 (", num(M), ",) on x's device, got ", shape(t->sizes()), " ",
                 c10::toString(t->scalar_type()));
   const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor gx = needs_x ? at::empty_like(x, at::MemoryFormat::Contiguous) : x.new_empty({0});
-  if (!needs_x && !needs_wb) return {gx, weight.new_empty({0}), weight.new_empty({0})};
+  at::Tensor gx, gw, gb;  // undefined until computed; or_empty for the ones not needed
+  const auto out = [&]() -> std::tuple<at::Tensor, at::Tensor, at::Tensor> {
+    return {or_empty(gx, x.options()), or_empty(gw, weight.options()), or_empty(gb, weight.options())};
+  };
+  if (!needs_x && !needs_wb) return out();
+  if (needs_x) gx = at::empty_like(x, at::MemoryFormat::Contiguous);
   const at::Tensor gys = aligned16(grad_y.contiguous()), xs = aligned16(x.contiguous());
   const at::Tensor w = weight.to(at::kFloat).contiguous();
   const at::Tensor mc = mean.contiguous(), rc = rstd.contiguous();
@@ -988,9 +992,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_layer_norm_bwd(const at::Te
   const cudaError_t err = eq_group_layer_norm_bwd(p, elem_type(x.scalar_type()), elem_type(grad_y.scalar_type()),
                                                   at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
-  if (!needs_wb) return {gx, weight.new_empty({0}), weight.new_empty({0})};
-  // The blocks' partials summed in a fixed order, one fresh tensor each (outputs never alias).
-  return {gx, partials[0].sum(0).to(weight.scalar_type()), partials[1].sum(0).to(weight.scalar_type())};
+  if (needs_wb) {  // the blocks' partials summed in a fixed order, one fresh tensor each (outputs never alias)
+    gw = partials[0].sum(0).to(weight.scalar_type());
+    gb = partials[1].sum(0).to(weight.scalar_type());
+  }
+  return out();
 }
 
 }  // namespace

@@ -47,7 +47,6 @@
 // accumulators are garbage but never stored); input channels >= c are zero-filled in both
 // operands, since they feed every output. Global offsets are 64-bit.
 
-#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -410,26 +409,10 @@ cudaError_t dispatch_vec(const FwdParams& p, bool vec_x, bool vec_p, cudaStream_
   return vec_p ? launch<Cfg, true, true>(p, stream) : launch<Cfg, true, false>(p, stream);
 }
 
-// Resident blocks per SM of a configuration on the current device (cached per device).
+// Resident blocks per SM of a configuration on the current device.
 template <class Cfg>
-int blocks_per_sm(int dev) {
-  constexpr int kMaxDev = 64;
-  static std::atomic<int> cache[kMaxDev];  // 0: unknown; racing writers store the same value
-  if (dev >= 0 && dev < kMaxDev) {
-    const int n = cache[dev].load(std::memory_order_relaxed);
-    if (n > 0) return n;
-  }
-  auto* kernel = eq_linear_fwd_fp32_kernel<Cfg, true, true>;
-  int n = 0;
-  if (Cfg::kSmemBytes > 48 * 1024)
-    set_max_dynamic_smem(kernel, Cfg::kSmemBytes);
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads, Cfg::kSmemBytes) !=
-          cudaSuccess || n < 1) {
-    cudaGetLastError();  // do not leave a query failure for the launch check to report
-    n = 1;
-  }
-  if (dev >= 0 && dev < kMaxDev) cache[dev].store(n, std::memory_order_relaxed);
-  return n;
+int blocks_per_sm() {
+  return resident_blocks_per_sm(eq_linear_fwd_fp32_kernel<Cfg, true, true>, Cfg::kThreads, Cfg::kSmemBytes);
 }
 
 constexpr int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -490,8 +473,8 @@ cudaError_t eq_linear_fwd_fp32(const FwdParams& p, cudaStream_t stream) {
   // shared load, more ILP); the small tile wins when the big grid fills the GPU poorly or d is
   // small; at short K the four-block small tile beats both (measured up to c = 256, see above).
   if (p.c <= kSmallMaxC) return dispatch_vec<Small4Cfg>(p, vec_x, vec_p, stream);
-  const double big = cost<BigCfg>(p.M, p.d, sms, blocks_per_sm<BigCfg>(dev), 1.0);
-  const double small = cost<SmallCfg>(p.M, p.d, sms, blocks_per_sm<SmallCfg>(dev), 0.8);
+  const double big = cost<BigCfg>(p.M, p.d, sms, blocks_per_sm<BigCfg>(), 1.0);
+  const double small = cost<SmallCfg>(p.M, p.d, sms, blocks_per_sm<SmallCfg>(), 0.8);
   if (big < small) return dispatch_vec<BigCfg>(p, vec_x, vec_p, stream);
   return dispatch_vec<SmallCfg>(p, vec_x, vec_p, stream);
 }
