@@ -25,6 +25,7 @@ from .ops import (
     flash_eq_linear,
     flash_eq_linear_chunks,
     reference_form,
+    rounded_group_weight,
 )
 
 __all__ = ["FlashEQLinear", "NaiveEQLinear", "LAYOUT_KEY"]
@@ -274,10 +275,8 @@ class FlashEQLinear(_EQLinearBase):
         kept = self._kept(_autocast_dtype(x))
         wc, bc = kept["params"]
         x = _autocast_and_check(x, wc, bc, T)[0]  # the uncached path's casts and errors, before expanding
-        if "dense" not in kept:
-            # As the dense form per call: the group-domain weight in at least FP32, rounded once.
-            g = planes_to_naive(wc if wc.dtype in (torch.float32, torch.float64) else wc.float()).to(wc.dtype)
-            kept["dense"] = reference.dense_weight(g), reference.dense_bias(bc, T)
+        if "dense" not in kept:  # as the dense form makes it per call
+            kept["dense"] = reference.dense_weight(rounded_group_weight(wc)), reference.dense_bias(bc, T)
         return F.linear(x, *kept["dense"])
 
     def forward_chunks(self, x: torch.Tensor, chunks: int) -> tuple[torch.Tensor, ...]:

@@ -688,6 +688,14 @@ def check_chunks(chunks, d: int) -> None:
         raise ValueError(f"chunks must be a positive divisor of d = {d} (whole fields each), got {chunks!r}")
 
 
+def rounded_group_weight(planes: torch.Tensor) -> torch.Tensor:
+    """The group-domain weight (d, c, T) of ``planes`` (T, d, c) for the dense form: computed in at least
+    float32 and rounded once to the planes' dtype (as a naive layer stores it); differentiable, so gradients
+    reach the planes."""
+    w = planes_to_naive(planes if planes.dtype in (torch.float32, torch.float64) else planes.float())
+    return w.to(planes.dtype)
+
+
 def _eq_linear(x, weight, bias, keep32: bool, dims: tuple, chunks: int = 0):
     """:func:`flash_eq_linear` after autocast and the checks (:func:`_autocast_and_check`); with chunks >= 1,
     :func:`flash_eq_linear_chunks`."""
@@ -696,10 +704,7 @@ def _eq_linear(x, weight, bias, keep32: bool, dims: tuple, chunks: int = 0):
         if reference_form(x, T, c, d) == "fourier":
             y = reference.fourier_eq_linear(x, weight, bias, T)
         else:
-            # Group-domain weight in at least float32, rounded once to the layer's dtype (as a naive layer
-            # stores it); differentiable, so gradients reach the planes.
-            w = planes_to_naive(weight if weight.dtype in (torch.float32, torch.float64) else weight.float())
-            y = reference.naive_eq_linear(x, w.to(weight.dtype), bias, T)
+            y = reference.naive_eq_linear(x, rounded_group_weight(weight), bias, T)
         return y.chunk(chunks, -1) if chunks else y
     lead = x.shape[:-1]
     x2 = x if x.dim() == 2 else x.reshape(-1, c * T)
