@@ -76,6 +76,7 @@
 #include "eq_linear_sm90.cuh"
 #include "eq_pdl.cuh"
 #include "eq_sm90_host.cuh"
+#include "eq_switches.h"
 
 namespace flash_eqlinear {
 namespace {
@@ -496,7 +497,7 @@ bool eq_bwd_weight_sm90_eligible(int64_t M, int64_t c, int64_t d, int dev) {
 }
 
 bool eq_bwd_weight_sm90_swap(int64_t c, int64_t d) {
-  const char* v = std::getenv("FLASH_EQLINEAR_WGRAD_SWAP");
+  const char* v = debug_switch("wgrad_swap");
   if (v != nullptr && std::strcmp(v, "0") == 0) return false;
   if (v != nullptr && std::strcmp(v, "1") == 0) return true;
   const auto padded = [](int64_t n, int64_t tile) { return (n + tile - 1) / tile * tile; };

@@ -47,7 +47,7 @@ inline int64_t eq_bwd_weight_sm90_bias_parts(int64_t c, bool swap) {
 
 // Whether the kernel takes x as the A operand (tiles of 128 input channels) and grad_y as the B operand
 // (tiles of 64 output channels): where that pads the (d, c) output to fewer tile cells, e.g. d = 192,
-// c = 768 (the last 128-wide o tile half empty otherwise). FLASH_EQLINEAR_WGRAD_SWAP=0|1 forces either
+// c = 768 (the last 128-wide o tile half empty otherwise). FLASH_EQLINEAR_DEBUG wgrad_swap=0|1 forces either
 // (read at each call).
 bool eq_bwd_weight_sm90_swap(int64_t c, int64_t d);
 

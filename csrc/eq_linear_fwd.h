@@ -64,7 +64,8 @@ struct FwdParams {
 };
 
 // One launch; returns the launch error (cudaSuccess when nothing went wrong). M == 0 is a no-op.
-// Element type: float (exact FP32 SIMT), __half, __nv_bfloat16 (tensor cores, FP32 accumulation).
+// Element type: float (exact FP32 SIMT), __half, __nv_bfloat16 (mma.sync tensor cores, FP32 accumulation;
+// the Hopper kernel is eq_linear_fwd_sm90.h's).
 cudaError_t eq_linear_fwd_fp32(const FwdParams& p, cudaStream_t stream);
 cudaError_t eq_linear_fwd_fp16(const FwdParams& p, cudaStream_t stream);
 cudaError_t eq_linear_fwd_bf16(const FwdParams& p, cudaStream_t stream);

@@ -59,6 +59,7 @@
 #include "eq_linear_fwd.h"
 #include "eq_p4_transform.cuh"
 #include "eq_pdl.cuh"
+#include "eq_switches.h"
 
 namespace flash_eqlinear {
 namespace {
@@ -434,10 +435,10 @@ bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15)
 // Input channels up to which the four-block small tile runs whatever the grid.
 constexpr int64_t kSmallMaxC = 256;
 
-// FLASH_EQLINEAR_FP32_TILE=big|small|small4 forces a tile configuration (to test and time each); 0 when
+// FLASH_EQLINEAR_DEBUG fp32_tile=big|small|small4 forces a tile configuration (to test and time each); 0 when
 // unset: the shape rule decides.
 char forced_tile() {
-  const char* v = std::getenv("FLASH_EQLINEAR_FP32_TILE");
+  const char* v = debug_switch("fp32_tile");
   if (v == nullptr) return 0;
   if (std::strcmp(v, "big") == 0) return 'b';
   if (std::strcmp(v, "small") == 0) return 's';

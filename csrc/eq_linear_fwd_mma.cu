@@ -46,7 +46,6 @@
 
 #include "eq_func_attr.cuh"
 #include "eq_linear_fwd.h"
-#include "eq_linear_fwd_sm90.h"
 #include "eq_linear_mma_common.cuh"
 
 namespace flash_eqlinear {
@@ -472,17 +471,12 @@ cudaError_t eq_linear_fwd_mma(const FwdParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-// Hopper devices run the sm_90a kernel where it applies (eq_linear_fwd_sm90.cu), else these.
-cudaError_t eq_linear_fwd_fp16(const FwdParams& p, cudaStream_t stream) {
-  bool launched = false;
-  const cudaError_t e = eq_linear_fwd_sm90_fp16(p, stream, &launched);
-  return (launched || e != cudaSuccess) ? e : eq_linear_fwd_mma<__half>(p, stream);
-}
+// The mma.sync kernel (any device of compute capability 8.0 or newer); the plan (eq_linear_plan.h) sends
+// Hopper devices to the sm_90a kernel first.
+cudaError_t eq_linear_fwd_fp16(const FwdParams& p, cudaStream_t stream) { return eq_linear_fwd_mma<__half>(p, stream); }
 
 cudaError_t eq_linear_fwd_bf16(const FwdParams& p, cudaStream_t stream) {
-  bool launched = false;
-  const cudaError_t e = eq_linear_fwd_sm90_bf16(p, stream, &launched);
-  return (launched || e != cudaSuccess) ? e : eq_linear_fwd_mma<__nv_bfloat16>(p, stream);
+  return eq_linear_fwd_mma<__nv_bfloat16>(p, stream);
 }
 
 }  // namespace flash_eqlinear

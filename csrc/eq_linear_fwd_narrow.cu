@@ -43,6 +43,7 @@
 #include "eq_linear_fwd_narrow.h"
 #include "eq_linear_mma_common.cuh"
 #include "eq_pdl.cuh"
+#include "eq_switches.h"
 
 namespace flash_eqlinear {
 namespace {
@@ -478,7 +479,7 @@ bool wide_fp32_fits(const FwdParams& p) {
 }  // namespace
 
 bool eq_linear_fwd_narrow_applies(const FwdParams& p, int elem_bytes, bool tf32) {
-  const char* v = std::getenv("FLASH_EQLINEAR_NARROW");
+  const char* v = debug_switch("narrow");
   if (v != nullptr && std::strcmp(v, "0") == 0) return false;
   if (p.c < 1 || p.d < 1) return false;
   const bool wide = p.c > kNarrowMaxC || p.d > kNarrowMaxC;

@@ -18,13 +18,13 @@ namespace flash_eqlinear {
 constexpr int64_t kNarrowMaxC = 32;
 // Exact FP32 also has tiles for c, d up to 64 (KC = 64: one block of 8 warps per SM); taken by default
 // where they beat the tiled FP32 kernel on an H100 (one of c, d <= 32, the other <= 64), else only when
-// forced (FLASH_EQLINEAR_NARROW=1).
+// forced (FLASH_EQLINEAR_DEBUG narrow=1).
 constexpr int64_t kNarrowMaxCFp32 = 64;
 constexpr int64_t kNarrowMaxDFfma16 = 16;
 constexpr int64_t kNarrowMaxCDTf32 = 16 * 16;
 
 // Whether the forward of a layer with these params runs the narrow kernel (elem_bytes 4: float, 2:
-// half / bfloat16; tf32: float with TF32 allowed). FLASH_EQLINEAR_NARROW=0: never (to test the other
+// half / bfloat16; tf32: float with TF32 allowed). FLASH_EQLINEAR_DEBUG narrow=0: never (to test the other
 // kernels on small layers); =1: whenever c, d <= 32, or <= 64 for float (to test and time it beyond
 // those limits).
 bool eq_linear_fwd_narrow_applies(const FwdParams& p, int elem_bytes, bool tf32);

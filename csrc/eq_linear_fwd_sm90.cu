@@ -90,6 +90,7 @@
 #include "eq_linear_sm90.cuh"
 #include "eq_pdl.cuh"
 #include "eq_sm90_host.cuh"
+#include "eq_switches.h"
 
 namespace flash_eqlinear {
 namespace {
@@ -479,7 +480,7 @@ bool aligned16(const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0;
 // 12-14% slower, 9 tiles 5.5% slower, 2 and 4 tiles 0-8% slower; 8, 12, 16 and 32 tiles 0-3.6% faster
 // (benchmarks/README.md, v17; v12 for c = 1024 / 2048).
 bool sm90_clusters(int64_t num_n, int elem_bytes) {
-  const char* v = std::getenv("FLASH_EQLINEAR_SM90_CLUSTER");
+  const char* v = debug_switch("sm90_cluster");
   if (v != nullptr && std::strcmp(v, "1") == 0) return false;
   if (v != nullptr && std::strcmp(v, "2") == 0) return true;
   return elem_bytes == 2 && num_n % 2 == 0 && num_n >= 8;
@@ -602,11 +603,6 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
 }
 
 }  // namespace
-
-bool sm90_path_enabled() {
-  const char* v = std::getenv("FLASH_EQLINEAR_SM90");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
 
 cudaError_t eq_linear_fwd_sm90_fp16(const FwdParams& p, cudaStream_t stream, bool* launched) {
   return fwd_sm90<__half>(p, stream, launched);

@@ -1,17 +1,13 @@
-// Hopper (sm_90a) forward: fp16 / bf16 entry points used by the portable launcher
-// (eq_linear_fwd_mma.cu), which tries them first; the TF32 one, tried by the bindings when PyTorch
-// allows TF32. Layouts and math: eq_linear_fwd.h.
+// Hopper (sm_90a) forward: fp16 / bf16 and TF32 entry points, launched where the plan
+// (eq_linear_plan.h) picks them. Layouts and math: eq_linear_fwd.h.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "eq_linear_fwd.h"
+#include "eq_switches.h"  // sm90_path_enabled (FLASH_EQLINEAR_SM90=0: the portable kernels only)
 
 namespace flash_eqlinear {
-
-// False when FLASH_EQLINEAR_SM90=0: the Hopper kernels are skipped (the portable ones run), for
-// testing both paths on one GPU.
-bool sm90_path_enabled();
 
 // Launch when the device, the build, the shape and the alignments allow it (*launched = true, the
 // launch error returned); otherwise launch nothing, *launched = false, cudaSuccess (unless a device

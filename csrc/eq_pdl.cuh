@@ -14,7 +14,7 @@
 // the attribute gets a plain launch.
 //
 // Host side: launch_maybe_pdl sets the attribute on devices of compute capability 9.0 and later unless
-// FLASH_EQLINEAR_PDL=0 (the switch to time or debug without it; read at each launch; the capability is
+// FLASH_EQLINEAR_DEBUG has pdl=0 (the switch to time or debug without it; read at each launch; the capability is
 // queried once per device).
 #pragma once
 
@@ -26,6 +26,8 @@
 
 #include <cuda_runtime.h>
 
+#include "eq_switches.h"
+
 namespace flash_eqlinear {
 
 __device__ __forceinline__ void pdl_wait() {
@@ -36,8 +38,7 @@ __device__ __forceinline__ void pdl_wait() {
 
 // Whether launches on device `dev` take the attribute.
 inline bool pdl_enabled(int dev) {
-  const char* v = std::getenv("FLASH_EQLINEAR_PDL");
-  if (v != nullptr && std::strcmp(v, "0") == 0) return false;
+  if (debug_is("pdl", "0")) return false;
   static std::atomic<int8_t> known[64] = {};  // 0 unknown, 1 yes, -1 no (every writer writes the same)
   if (dev >= 0 && dev < 64) {
     const int8_t k = known[dev].load(std::memory_order_relaxed);

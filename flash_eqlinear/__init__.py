@@ -3,7 +3,7 @@
 from . import reference
 from .fourier import naive_to_planes, planes_to_naive
 from .modules import FlashEQLinear, NaiveEQLinear
-from .ops import flash_eq_linear, flash_eq_linear_chunks, flash_eq_mlp, kernels_available
+from .ops import explain, flash_eq_linear, flash_eq_linear_chunks, flash_eq_mlp, kernels_available
 from .swap import convert_state_dict, swap_eq_linear
 
 __version__ = "0.1.0"
@@ -19,5 +19,6 @@ __all__ = [
     "swap_eq_linear",
     "convert_state_dict",
     "kernels_available",
+    "explain",
     "reference",
 ]

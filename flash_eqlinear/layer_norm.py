@@ -12,15 +12,14 @@ activations less than LayerNorm + cast (``GroupLayerNorm(autocast_output=True)``
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
+from ._extension import debug_switch
 from .ops import _autocast_dtype, backend_for, kernels_available
 
 if kernels_available():
-    from .ops import _eager_function
+    from ._registry import eager_function
 
 __all__ = ["group_layer_norm", "fused_layer_norm_applies", "expand_over_group"]
 
@@ -40,8 +39,8 @@ def fused_layer_norm_applies(x: torch.Tensor, weight: torch.Tensor, group_size: 
     Inductor fuses LayerNorm with its neighbours, nor under functorch transforms), a result dtype the
     kernels write: x's, or any for a float32 x (the result dtype is ``out_dtype`` if given, else float32
     under autocast, else x's), and a pass saved: a gradient to compute, or a cast on either side (the result's
-    dtype differs from x's, or autocast would upcast a 16-bit x). ``FLASH_EQLINEAR_FUSED_NORM=0`` turns it
-    off (read per call)."""
+    dtype differs from x's, or autocast would upcast a 16-bit x). ``FLASH_EQLINEAR_DEBUG=fused_norm=0`` turns
+    it off (read per call)."""
     return fused_dtype(x, weight, group_size, out_dtype) is not None
 
 
@@ -50,7 +49,7 @@ def fused_dtype(x, weight, group_size, out_dtype) -> torch.dtype | None:
     where it does not run (:func:`fused_layer_norm_applies`)."""
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         return None
-    if backend_for(x, group_size) != "cuda" or os.environ.get("FLASH_EQLINEAR_FUSED_NORM", "1") == "0":
+    if backend_for(x, group_size) != "cuda" or debug_switch("fused_norm") == "0":
         return None
     if weight.dim() != 1 or weight.shape[0] > _MAX_FIELDS or not weight.is_floating_point():
         return None
@@ -191,4 +190,4 @@ if kernels_available():
         "flash_eqlinear::group_layer_norm_fwd", _backward, setup_context=_setup_context
     )
     # Eager calls: the same node as an autograd.Function, without the registered kernel's per-call Python.
-    _EAGER = _eager_function(torch.ops.flash_eqlinear.group_layer_norm_fwd.default, _setup_context, _backward)
+    _EAGER = eager_function(torch.ops.flash_eqlinear.group_layer_norm_fwd.default, _setup_context, _backward)

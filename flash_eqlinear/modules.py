@@ -16,9 +16,11 @@ import torch.nn.functional as F
 from . import reference
 from .fourier import check_group_size, naive_to_planes, planes_to_naive
 from .ops import (
+    _LAYER_OP,
     _autocast_and_check,
     _autocast_dtype,
     _cast_to,
+    _fused_eager,
     autocast_inputs,
     backend_for,
     check_chunks,
@@ -257,6 +259,11 @@ class FlashEQLinear(_EQLinearBase):
         return planes_to_naive(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The fused kernels, eager: one call of the layer op (autocast, checks and autograd in C++), except
+        # for inference under autocast, which reuses the kept casts of the parameters (_params_for).
+        if _LAYER_OP is not None and self.group_size == 4 and _fused_eager(x):
+            if not torch._C._is_any_autocast_enabled() or not self._caches():
+                return _LAYER_OP(x, self.weight, self.bias)
         caches = self._caches()
         if caches and isinstance(x, torch.Tensor) and backend_for(x, self.group_size) == "reference":
             y = self._kept_dense_forward(x)

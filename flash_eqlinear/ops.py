@@ -1,20 +1,21 @@
-"""Op wrappers: the registered CUDA ops, their fake (meta) and autograd registrations, dispatch.
+"""The public functional API and its dispatch: the fused kernels (through the registered ops) for T = 4 on
+CUDA in fp32 / fp16 / bf16, the pure-PyTorch path (the Fourier reference or the dense expansion, by size:
+``reference_form``) everywhere else; ``FLASH_EQLINEAR_BACKEND=reference`` forces the reference Fourier path.
 
-The fused kernels live in ``flash_eqlinear._C`` and register ``torch.ops.flash_eqlinear.*`` through
-``TORCH_LIBRARY``. When that extension is missing (CPU-only install) everything runs on the
-pure-PyTorch path (the Fourier reference or the dense expansion, by size: ``reference_form``).
-``FLASH_EQLINEAR_BACKEND=reference`` forces the reference Fourier path.
+Where each fused call runs is the C++ plan's decision (:func:`plan`, :func:`explain`); the ops' Python
+registrations are in ``_registry``, the extension and the switches in ``_extension``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 
 import torch
 
 from . import reference
+from ._extension import BACKEND, debug_switch, kernel_import_error, kernels_available
+from ._extension import KERNEL_DTYPES as _KERNEL_DTYPES
 from .fourier import planes_to_naive
 
 __all__ = [
@@ -25,60 +26,18 @@ __all__ = [
     "kernel_import_error",
     "backend_for",
     "reference_form",
+    "plan",
+    "explain",
 ]
 
-_KERNEL_IMPORT_ERROR: str | None = None
-if importlib.util.find_spec(f"{__package__}._C") is None:
-    _KERNEL_IMPORT_ERROR = (
-        "flash_eqlinear._C was not built (installed without a CUDA build of torch or a CUDA toolkit)"
-    )
+if kernels_available():
+    from ._registry import call
+
+    _LAYER_OP = torch.ops.flash_eqlinear.eq_linear.default
 else:
-    try:  # the compiled extension registers its ops on import
-        from . import _C  # noqa: F401
-    except ImportError as e:
-        _KERNEL_IMPORT_ERROR = f"flash_eqlinear._C failed to load: {e}"
+    _LAYER_OP = None
 
-_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_BACKENDS = ("auto", "reference")
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
-BACKEND = os.environ.get("FLASH_EQLINEAR_BACKEND", "auto").strip().lower() or "auto"
-if BACKEND not in _BACKENDS:
-    raise ValueError(f"FLASH_EQLINEAR_BACKEND must be one of {_BACKENDS}, got {BACKEND!r}")
-# How grad_planes / grad_bias are computed on the CUDA path (FLASH_EQLINEAR_WEIGHT_GRAD):
-#   "auto"      by size: "fused" for small layers, "gemm" for large ones (H100 timings)
-#   "fused"     the fused weight-gradient kernels (no workspace)
-#   "gemm"      one group-DFT pass per operand into Fourier planes (a workspace of 1x x and 1x
-#               grad_y), then the six plane products as cuBLAS GEMMs (its tensor-core / FFMA peak
-#               on large layers); for fp16 / bf16 without the Hopper kernel (and for the largest
-#               layers), grad_x from grad_y's planes too (GEMMs into an FP32 (M, 4c) buffer, then
-#               the inverse DFT; FLASH_EQLINEAR_PRODUCTS)
-#   "reference" the reference reductions (stock torch ops), for comparison
-_WEIGHT_GRAD_MODES = ("auto", "fused", "gemm", "reference")
-WEIGHT_GRAD = os.environ.get("FLASH_EQLINEAR_WEIGHT_GRAD", "auto").strip().lower() or "auto"
-if WEIGHT_GRAD not in _WEIGHT_GRAD_MODES:
-    raise ValueError(f"FLASH_EQLINEAR_WEIGHT_GRAD must be one of {_WEIGHT_GRAD_MODES}, got {WEIGHT_GRAD!r}")
-# "auto" uses the GEMM form from this many output weights per plane (c * d) on. H100, M = 32768, c = d
-# (benchmarks/profile_bwd.py): FP32 fused and GEMM tie at c = 512, GEMM wins from c = 1024 on; fp16 /
-# bf16 with the mma.sync kernel: fused wins at c = 256 (0.14 vs 0.23 ms), GEMM at c = 512 (0.42 vs 0.66 ms).
-GEMM_WEIGHT_GRAD_MIN_CD = {torch.float32: 768 * 768, torch.float16: 2**17, torch.bfloat16: 2**17}
-# fp16 / bf16 where the Hopper weight-gradient kernel runs (1.5-1.7x the mma.sync one). Training forward
-# + backward of one layer, H100, bf16, us, fused / GEMM form: M = 25216: 326 / 372 (c, d = 192, 576),
-# 402 / 449 (192, 768), 460 / 438 (768, 192), 494 / 501 (256, 768), 615 / 630 (256, 1024); M = 32768:
-# 232 / 306 (256, 256), 761 / 746 (512, 512) (benchmarks/results/weight_grad_b5704bb.md). At the threshold
-# itself narrow layers (min(c, d) <= 256, e.g. ViT-L's fc layers, 256 x 1024) keep the fused kernel: the
-# EQ-ViT-L bf16 training step measured 116.1-116.3 ms against 117.5-117.6 with the GEMM form there
-# (H100, two rounds; benchmarks/README.md v17).
-GEMM_WEIGHT_GRAD_MIN_CD_SM90 = 2**18
-
-
-def kernels_available() -> bool:
-    """Whether the fused CUDA kernels were built and import here."""
-    return _KERNEL_IMPORT_ERROR is None
-
-
-def kernel_import_error() -> str | None:
-    """Why the fused kernels are unavailable (None when they are available)."""
-    return _KERNEL_IMPORT_ERROR
 
 
 def backend_for(x: torch.Tensor, group_size: int) -> str:
@@ -120,421 +79,6 @@ def reference_form(x: torch.Tensor, group_size: int, c: int, d: int, dense_kept:
     return "dense"
 
 
-if kernels_available():
-
-    @torch.library.register_fake("flash_eqlinear::eq_linear_fwd")
-    def _eq_linear_fwd_fake(x, planes, bias):
-        # Mirrors the checks of the CUDA implementation (csrc/eq_linear_bindings.cpp).
-        torch._check(x.dim() == 2, lambda: f"eq_linear_fwd: x must be 2-D (M, 4c), got {tuple(x.shape)}")
-        torch._check(
-            planes.dim() == 3 and planes.shape[0] == 4,
-            lambda: f"eq_linear_fwd: planes must have shape (4, d, c), got {tuple(planes.shape)}",
-        )
-        torch._check(
-            x.shape[1] == 4 * planes.shape[2],
-            lambda: f"eq_linear_fwd: x has {x.shape[1]} features but planes {tuple(planes.shape)} expect 4*c",
-        )
-        torch._check(x.dtype in _KERNEL_DTYPES, lambda: f"eq_linear_fwd: unsupported dtype {x.dtype}")
-        torch._check(planes.dtype == x.dtype, lambda: "eq_linear_fwd: planes dtype does not match x dtype")
-        if bias is not None:
-            torch._check(
-                bias.dim() == 1 and bias.shape[0] == planes.shape[1] and bias.dtype == x.dtype,
-                lambda: f"eq_linear_fwd: bias must have shape ({planes.shape[1]},) and dtype {x.dtype}",
-            )
-        return x.new_empty((x.shape[0], 4 * planes.shape[1]))
-
-    @torch.library.register_fake("flash_eqlinear::eq_linear_bwd_weight")
-    def _eq_linear_bwd_weight_fake(x, grad_y):
-        torch._check(
-            x.dim() == 2 and grad_y.dim() == 2 and x.shape[0] == grad_y.shape[0],
-            lambda: f"eq_linear_bwd_weight: want x (M, 4c), grad_y (M, 4d), got {x.shape}, {grad_y.shape}",
-        )
-        torch._check(
-            x.dtype == grad_y.dtype and x.dtype in _KERNEL_DTYPES,
-            lambda: f"eq_linear_bwd_weight: x and grad_y must share one dtype, got {x.dtype}, {grad_y.dtype}",
-        )
-        c, d = x.shape[1] // 4, grad_y.shape[1] // 4
-        return x.new_empty((4, d, c)), x.new_empty((d,))
-
-    @torch.library.register_fake("flash_eqlinear::eq_group_dft")
-    def _eq_group_dft_fake(t, input, sum):
-        torch._check(
-            t.dim() == 2 and t.shape[1] % 4 == 0 and t.shape[1] > 0,
-            lambda: f"eq_group_dft: expected a 2-D (M, 4n) tensor, got {tuple(t.shape)}",
-        )
-        torch._check(t.dtype in _KERNEL_DTYPES, lambda: f"eq_group_dft: unsupported dtype {t.dtype}")
-        n = t.shape[1] // 4
-        sums = t.new_empty((n if sum else 0,), dtype=torch.float32)
-        return t.new_empty((4, t.shape[0], n)), sums
-
-    def weight_grad_mode(c: int, d: int, dtype: torch.dtype, device_index: int | None = None) -> str:
-        """The weight-gradient method the CUDA backward uses for a layer with these sizes and dtype on
-        this CUDA device (None: the current one)."""
-        if WEIGHT_GRAD != "auto":
-            return WEIGHT_GRAD
-        tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32  # GEMMs on tensor cores
-        min_cd = GEMM_WEIGHT_GRAD_MIN_CD[torch.float16 if tf32 else dtype]
-        if dtype != torch.float32 and c % 2 == 0 and d % 2 == 0 and _sm90(device_index):
-            min_cd = GEMM_WEIGHT_GRAD_MIN_CD_SM90
-            if c * d == min_cd and min(c, d) <= 256:
-                return "fused"
-        return "gemm" if c * d >= min_cd else "fused"
-
-    @torch.library.register_fake("flash_eqlinear::eq_linear_bwd")
-    def _eq_linear_bwd_fake(grad_y, x, planes, needs_x, needs_p, needs_b, gemm, grad_x_fp32=False):
-        d, c = planes.shape[1], planes.shape[2]
-        torch._check(
-            x.dim() == 2
-            and grad_y.dim() == 2
-            and x.shape == (grad_y.shape[0], 4 * c)
-            and grad_y.shape[1] == 4 * d,
-            lambda: f"eq_linear_bwd: want grad_y (M, {4 * d}), x (M, {4 * c}), got {grad_y.shape}, {x.shape}",
-        )
-        torch._check(
-            x.dtype == grad_y.dtype == planes.dtype,
-            lambda: (
-                f"eq_linear_bwd: grad_y, x and planes must share one dtype, got {grad_y.dtype}, {x.dtype}"
-            ),
-        )
-        return (
-            grad_y.new_empty(
-                x.shape if needs_x else (0,), dtype=torch.float32 if grad_x_fp32 and needs_x else None
-            ),
-            grad_y.new_empty((4, d, c) if needs_p else (0,)),
-            grad_y.new_empty((d,) if needs_b else (0,)),
-        )
-
-    def _setup_context(ctx, inputs, output):
-        x, planes, bias = inputs
-        ctx.has_bias = bias is not None
-        ctx.save_for_backward(x, planes)
-
-    def _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b):
-        """create_graph=True (double backward, gradient penalties, Hessian-vector products): gradients
-        that are themselves differentiable. grad_x through the forward op on the adjoint planes (its
-        own backward is registered), the weight gradients by stock ops in x's dtype, returned in the
-        planes' dtype."""
-        gx = None
-        if needs_x:
-            adj = reference.adjoint_planes(planes).contiguous()
-            gx = torch.ops.flash_eqlinear.eq_linear_fwd(grad_y.contiguous(), adj, None)
-        _, gp, gb = reference.fourier_eq_linear_backward(
-            grad_y.to(x.dtype), x, planes.to(x.dtype), (False, needs_p, needs_b)
-        )
-        return gx, *(None if t is None else t.to(planes.dtype) for t in (gp, gb))
-
-    def _backward(ctx, grad_y):
-        x, planes = ctx.saved_tensors[:2]
-        return _grads(ctx, grad_y, x, planes, False)
-
-    def _grads(ctx, grad_y, x, planes, gx_fp32: bool):
-        """(grad_x, grad_planes, grad_bias) of a layer with input x (as the kernels took it) as the
-        context asks for them; gx_fp32: grad_x in FP32 (eq_linear_fwd_cast's x; with create_graph=True
-        the 16-bit grad_x of the differentiable path, widened). grad_y: the output's gradient, or a list of
-        its three column blocks (eq_linear_fwd_split3's outputs), which the fused form reads where they are
-        (eq_linear_bwd_split3) and the other forms join."""
-        needs_x, needs_p = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        needs_b = ctx.has_bias and ctx.needs_input_grad[2]
-        mode = weight_grad_mode(planes.shape[2], planes.shape[1], x.dtype, x.device.index)
-        if isinstance(grad_y, list):  # eq_linear_fwd_split3's three column blocks
-            if mode == "fused" and not torch.is_grad_enabled():
-                op = torch.ops.flash_eqlinear.eq_linear_bwd_split3
-                gx, gp, gb = op(*grad_y, x, planes, needs_x, needs_p, needs_b, gx_fp32)
-                return gx if needs_x else None, gp if needs_p else None, gb if needs_b else None
-            grad_y = torch.cat(grad_y, 1)  # the other forms take grad_y whole
-        if torch.is_grad_enabled():
-            gx, gp, gb = _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b)
-            return gx.float() if gx_fp32 and gx is not None else gx, gp, gb
-        ref = mode == "reference" and (needs_p or needs_b)
-        # One op for the rest (grad_x: the forward kernel on the adjoint planes; the weight: the fused
-        # kernel or group DFTs + GEMMs): the host cost of a backward is one call, not a dozen.
-        gx, gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd(
-            grad_y, x, planes, needs_x, needs_p and not ref, needs_b and not ref, mode == "gemm", gx_fp32
-        )
-        if ref:
-            _, gp, gb = reference.fourier_eq_linear_backward(grad_y, x, planes, (False, needs_p, needs_b))
-        return gx if needs_x else None, gp if needs_p else None, gb if needs_b else None
-
-    torch.library.register_autograd("flash_eqlinear::eq_linear_fwd", _backward, setup_context=_setup_context)
-
-    # ---- An FP32 input under autocast (eq_linear_fwd_cast): rounded in the op, grad_x in FP32 ----
-    @torch.library.register_fake("flash_eqlinear::eq_linear_fwd_cast")
-    def _eq_linear_fwd_cast_fake(x, planes, bias):
-        torch._check(
-            x.dtype == torch.float32 and planes.dtype in (torch.float16, torch.bfloat16),
-            lambda: (
-                f"eq_linear_fwd_cast: want a float32 x and float16 / bfloat16 planes, got {x.dtype}, "
-                f"{planes.dtype}"
-            ),
-        )
-        torch._check(x.dim() == 2, lambda: f"eq_linear_fwd_cast: x must be 2-D (M, 4c), got {tuple(x.shape)}")
-        x_low = x.new_empty(x.shape, dtype=planes.dtype)
-        return _eq_linear_fwd_fake(x_low, planes, bias), x_low
-
-    def _setup_context_cast(ctx, inputs, output):
-        _, planes, bias = inputs
-        ctx.has_bias = bias is not None
-        ctx.save_for_backward(output[1], planes)  # x as the kernels took it
-        ctx.set_materialize_grads(False)  # no zeros for the rounded x's gradient (None unless a double
-        # backward reaches it through the saved x)
-
-    def _backward_cast(ctx, grad_y, grad_x_low):
-        x_low, planes = ctx.saved_tensors
-        gx = gp = gb = None
-        if grad_y is not None:
-            gx, gp, gb = _grads(ctx, grad_y, x_low, planes, True)
-        if grad_x_low is not None and ctx.needs_input_grad[0]:  # rounding passes gradients as they are
-            gx = grad_x_low.float() if gx is None else gx + grad_x_low.float()
-        return gx, gp, gb
-
-    torch.library.register_autograd(
-        "flash_eqlinear::eq_linear_fwd_cast", _backward_cast, setup_context=_setup_context_cast
-    )
-
-    # ---- GELU(layer) in one kernel (flash_eq_mlp's inference path) ----
-    @torch.library.register_fake("flash_eqlinear::eq_linear_fwd_gelu")
-    def _eq_linear_fwd_gelu_fake(x, planes, bias):
-        return _eq_linear_fwd_fake(x, planes, bias)
-
-    def _setup_context_gelu(ctx, inputs, output):
-        x, planes, bias = inputs
-        ctx.has_bias = bias is not None
-        ctx.save_for_backward(x, planes, bias)
-
-    def _backward_gelu(ctx, grad_a):
-        # The layer's backward at GELU'(pre) grad_a, pre recomputed (the op keeps only its output;
-        # flash_eq_mlp takes it where no gradient is needed).
-        x, planes, bias = ctx.saved_tensors
-        pre = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, bias)
-        return _backward(ctx, torch.ops.aten.gelu_backward(grad_a, pre))
-
-    torch.library.register_autograd(
-        "flash_eqlinear::eq_linear_fwd_gelu", _backward_gelu, setup_context=_setup_context_gelu
-    )
-
-    # ---- The training forward that keeps x's Fourier planes (eq_linear_fwd_xf) ----
-    @torch.library.register_fake("flash_eqlinear::eq_linear_fwd_xf")
-    def _eq_linear_fwd_xf_fake(x, planes, bias):
-        return _eq_linear_fwd_fake(x, planes, bias), x.new_empty(x.shape)
-
-    @torch.library.register_fake("flash_eqlinear::eq_linear_bwd_xf")
-    def _eq_linear_bwd_xf_fake(grad_y, xf, planes, needs_x, needs_p, needs_b):
-        return _eq_linear_bwd_fake(grad_y, xf, planes, needs_x, needs_p, needs_b, True)
-
-    def _setup_context_xf(ctx, inputs, output):
-        _, planes, bias = inputs
-        ctx.has_bias = bias is not None
-        ctx.save_for_backward(output[1], planes)  # x's planes instead of x: same size
-        ctx.set_materialize_grads(False)  # xf's gradient stays None unless a double backward reaches it
-
-    def _backward_xf(ctx, grad_y, grad_xf):
-        xf, planes = ctx.saved_tensors
-        needs_x, needs_p = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        needs_b = ctx.has_bias and ctx.needs_input_grad[2]
-        gx = gp = gb = None
-        if grad_y is not None and torch.is_grad_enabled():
-            # x rebuilt from its saved planes by stock ops: differentiable through xf (this op's output)
-            # back to x, by the grad_xf term below. Weight gradients in FP32, rounded once.
-            x32 = x_from_halved_planes(xf)
-            gx, gp, gb = _differentiable_grads(grad_y, x32, planes, needs_x, needs_p, needs_b)
-        elif grad_y is not None:
-            op = torch.ops.flash_eqlinear.eq_linear_bwd_xf
-            gx, gp, gb = op(grad_y, xf, planes, needs_x, needs_p, needs_b)
-        if grad_xf is not None and needs_x:
-            gxf = halved_planes_adjoint(grad_xf).to(xf.dtype)
-            gx = gxf if gx is None else gx + gxf
-        return gx if needs_x else None, gp if needs_p else None, gb if needs_b else None
-
-    torch.library.register_autograd(
-        "flash_eqlinear::eq_linear_fwd_xf", _backward_xf, setup_context=_setup_context_xf
-    )
-
-    # ---- The output in three parts of their own (an attention's q, k, v; flash_eq_linear_chunks) ----
-    @torch.library.register_fake("flash_eqlinear::eq_linear_fwd_split3")
-    def _eq_linear_fwd_split3_fake(x, planes, bias):
-        cast = x.dtype == torch.float32 and planes.dtype in (torch.float16, torch.bfloat16)
-        x_low = x.new_empty(x.shape, dtype=planes.dtype) if cast else x
-        y = _eq_linear_fwd_fake(x_low, planes, bias)
-        d = planes.shape[1]
-        torch._check(
-            d % 3 == 0,
-            lambda: f"eq_linear_fwd_split3: d = {d} output channels per group copy do not split in three",
-        )
-        parts = tuple(y.new_empty((x.shape[0], 4 * d // 3)) for _ in range(3))
-        return *parts, x_low if cast else x.new_empty((0,))
-
-    def _setup_context_split3(ctx, inputs, output):
-        x, planes, bias = inputs
-        ctx.has_bias = bias is not None
-        ctx.cast = x.dtype != planes.dtype  # an FP32 x rounded in the op: the backward takes that x_low
-        ctx.save_for_backward(output[3] if ctx.cast else x, planes)
-        ctx.set_materialize_grads(False)  # (x_low's gradient: None unless a double backward reaches it)
-
-    def _backward_split3(ctx, g0, g1, g2, grad_x_low):
-        x, planes = ctx.saved_tensors
-        gx = gp = gb = None
-        if g0 is not None or g1 is not None or g2 is not None:
-            shape = (x.shape[0], 4 * planes.shape[1] // 3)
-            parts = [planes.new_zeros(shape) if g is None else g for g in (g0, g1, g2)]
-            gx, gp, gb = _grads(ctx, parts, x, planes, ctx.cast)
-        # (Without the cast, x_low is an empty placeholder; its gradient, if any, is one too.)
-        if ctx.cast and grad_x_low is not None and ctx.needs_input_grad[0]:
-            gx = grad_x_low.float() if gx is None else gx + grad_x_low.float()  # rounding passes gradients
-        return gx, gp, gb
-
-    torch.library.register_autograd(
-        "flash_eqlinear::eq_linear_fwd_split3", _backward_split3, setup_context=_setup_context_split3
-    )
-
-    @torch.library.register_fake("flash_eqlinear::eq_linear_bwd_split3")
-    def _eq_linear_bwd_split3_fake(gy0, gy1, gy2, x, planes, needs_x, needs_p, needs_b, grad_x_fp32=False):
-        d = planes.shape[1]
-        torch._check(
-            all(g.dtype == x.dtype for g in (gy0, gy1, gy2)),
-            lambda: f"eq_linear_bwd_split3: grad_y parts, x and planes must share one dtype, got {x.dtype}",
-        )
-        torch._check(
-            d % 3 == 0 and all(g.shape == (x.shape[0], 4 * d // 3) for g in (gy0, gy1, gy2)),
-            lambda: f"eq_linear_bwd_split3: want three grad_y parts (M, {4 * d // 3}), planes {planes.shape}",
-        )
-        return _eq_linear_bwd_fake(
-            gy0.new_empty((gy0.shape[0], 4 * d)), x, planes, needs_x, needs_p, needs_b, False, grad_x_fp32
-        )
-
-    def _eager_function(op, setup_context, backward):
-        """``op`` as an ``autograd.Function`` with the setup_context and backward registered for it above:
-        the same graph node, without the registered kernel's per-call Python (argument normalisation, a
-        redispatch, functorch bookkeeping), which costs about as much host time as the CUDA op itself.
-        Eager calls of the layers take it (:func:`_call`)."""
-
-        def forward(ctx, *args):  # ctx here: a separate setup_context costs an inspect.signature per call
-            with torch._C._AutoDispatchBelowAutograd():
-                out = op(*args)
-            setup_context(ctx, args, out)
-            return out
-
-        name = f"{op.name().split('::')[-1]}_eager"
-        methods = {"forward": staticmethod(forward), "backward": staticmethod(backward)}
-        return type(name, (torch.autograd.Function,), methods).apply
-
-    _EAGER = {
-        kind: (op.default, _eager_function(op.default, setup_context, backward))
-        for kind, op, setup_context, backward in (
-            ("fwd", torch.ops.flash_eqlinear.eq_linear_fwd, _setup_context, _backward),
-            ("cast", torch.ops.flash_eqlinear.eq_linear_fwd_cast, _setup_context_cast, _backward_cast),
-            ("xf", torch.ops.flash_eqlinear.eq_linear_fwd_xf, _setup_context_xf, _backward_xf),
-            ("gelu", torch.ops.flash_eqlinear.eq_linear_fwd_gelu, _setup_context_gelu, _backward_gelu),
-            (
-                "split3",
-                torch.ops.flash_eqlinear.eq_linear_fwd_split3,
-                _setup_context_split3,
-                _backward_split3,
-            ),
-        )
-    }
-
-
-def _call(kind: str, x, weight, bias):
-    """One forward op of :func:`flash_eq_linear`, :func:`flash_eq_linear_chunks` or :func:`flash_eq_mlp`
-    (``kind``: "fwd", "cast", "xf", "gelu" or "split3"). Eager calls skip the registered autograd kernel's
-    Python: below the autograd key where nothing needs a gradient, else the equivalent
-    ``autograd.Function`` (:func:`_eager_function`). Under torch.compile and functorch transforms the
-    registered op runs as it is (the same backward)."""
-    op, fn = _EAGER[kind]
-    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-        return op(x, weight, bias)
-    if torch.is_grad_enabled() and (
-        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    ):
-        return fn(x, weight, bias)
-    with torch._C._AutoDispatchBelowAutograd():
-        return op(x, weight, bias)
-
-
-def x_from_halved_planes(xf: torch.Tensor) -> torch.Tensor:
-    """x (M, 4c) interleaved, in FP32, from its Fourier planes as eq_linear_fwd_xf returns them: column
-    blocks xf (M, 4c) = [f0 | f2 | fR | fI] / 2 with f0 = x0+x1+x2+x3, f2 = x0-x1+x2-x3, fR = x0-x2,
-    fI = x3-x1 (the inverse of that map; exact up to the rounding of xf)."""
-    h0, h2, hr, hi = xf.float().unflatten(1, (4, -1)).unbind(1)
-    s, t = (h0 + h2) * 0.5, (h0 - h2) * 0.5
-    return torch.stack([s + hr, t - hi, s - hr, t + hi], dim=-1).flatten(1)
-
-
-def halved_planes_adjoint(g: torch.Tensor) -> torch.Tensor:
-    """The adjoint (transpose) of x -> [f0 | f2 | fR | fI] / 2 (:func:`x_from_halved_planes`' inverse):
-    a gradient (M, 4c) with respect to the planes -> one (M, 4c) with respect to x, in FP32."""
-    g0, g2, gr, gi = g.float().unflatten(1, (4, -1)).unbind(1)
-    s, t = (g0 + g2) * 0.5, (g0 - g2) * 0.5
-    return torch.stack([s + 0.5 * gr, t - 0.5 * gi, s - 0.5 * gr, t + 0.5 * gi], dim=-1).flatten(1)
-
-
-@torch.compiler.assume_constant_result
-def _gemm_training_forward(dtype: torch.dtype, c: int, d: int, device_index: int) -> bool:
-    """Whether a training forward of a layer with planes (4, d, c) on this CUDA device takes
-    eq_linear_fwd_xf, which keeps x's Fourier planes for the backward: where the weight gradient takes
-    the GEMM form (it uses the planes) and the forward makes the planes anyway or nearly so.
-    fp16 / bf16: on Hopper GPUs the Hopper kernel writes them as a by-product (idle producer warps), and
-    from c * d >= 2^22 the GEMM form runs instead (it ties the Hopper kernel there: H100, c = d = 2048,
-    3.46 vs 3.44 ms); elsewhere the GEMM form from c * d >= 2^18 (FLASH_EQLINEAR_PRODUCTS forces either).
-    FP32 with TF32 allowed: the DFT + cuBLAS forward, i.e. c * d >= 2^19 on Hopper, else always (here
-    from c * d >= 2^17: large layers only). FLASH_EQLINEAR_KEEP_PLANES=0 turns it off. (Read when
-    called; under torch.compile, when traced.)"""
-    env = os.environ.get
-    if env("FLASH_EQLINEAR_KEEP_PLANES", "1").strip() == "0":
-        return False
-    if weight_grad_mode(c, d, dtype, device_index) != "gemm":
-        return False
-    sm90 = _sm90(device_index)
-    if dtype == torch.float32:
-        if not torch.backends.cuda.matmul.allow_tf32 or env("FLASH_EQLINEAR_FP32") == "3xtf32":
-            return False
-        return c * d >= 2**17 and (not (sm90 and c % 4 == 0 and d % 2 == 0) or c * d >= 2**19)
-    if max(c, d) <= 32 and env("FLASH_EQLINEAR_NARROW") != "0":
-        return False  # the narrow kernel's layers
-    form = env("FLASH_EQLINEAR_PRODUCTS", "auto")
-    if form in ("fused", "gemm"):
-        return form == "gemm"
-    return (sm90 and c % 8 == 0 and d % 2 == 0) or c * d >= 2**18
-
-
-@torch.compiler.assume_constant_result
-def _parts_in_place(dtype: torch.dtype, c: int, d: int, device_index: int) -> bool:
-    """Whether a training call of :func:`flash_eq_linear_chunks` (3 chunks) takes eq_linear_fwd_split3:
-    where the Hopper kernels write the three parts in place and read their gradients where they are (fp16 /
-    bf16 planes, d / 3 a multiple of 64, c % 8 == 0, the fused weight gradient). Elsewhere that op would copy
-    the parts out of the whole output and join their gradients, which views of the whole output and
-    autograd's one stack of the gradients do in fewer passes. (Read when called; under torch.compile, when
-    traced.)"""
-    return (
-        dtype in (torch.float16, torch.bfloat16)
-        and d % 192 == 0
-        and c % 8 == 0
-        and _sm90(device_index)
-        and os.environ.get("FLASH_EQLINEAR_PRODUCTS", "auto") != "gemm"
-        and weight_grad_mode(c, d, dtype, device_index) == "fused"
-    )
-
-
-def _sm90(device_index: int | None) -> bool:
-    """Whether the Hopper kernels may run on this CUDA device (compute capability 9.x, FLASH_EQLINEAR_SM90
-    not "0"; read when called)."""
-    return os.environ.get("FLASH_EQLINEAR_SM90", "1") != "0" and _capability_major(device_index) == 9
-
-
-_CAPABILITY_MAJOR: dict[int, int] = {}
-
-
-def _capability_major(device_index: int | None) -> int:
-    """The compute capability's major number of a CUDA device (None: the current one), looked up once per
-    device: ``torch.cuda.get_device_capability`` costs microseconds of host time, and layers ask on every
-    call."""
-    if device_index is None:
-        device_index = torch.cuda.current_device()
-    major = _CAPABILITY_MAJOR.get(device_index)
-    if major is None:
-        major = _CAPABILITY_MAJOR[device_index] = torch.cuda.get_device_capability(device_index)[0]
-    return major
-
 
 def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
     """The dtype autocast casts x's device type to, or None where autocast is off there."""
@@ -569,7 +113,7 @@ def _keeps_fp32_input(x, weight, group_size, cast: torch.dtype | None = None) ->
     in training (x needs its gradient) on the CUDA path, eq_linear_fwd_cast rounds it in the op and its
     backward writes grad_x in FP32 from the kernel, which saves the cast's backward (a 16-bit -> FP32 pass
     over grad_x) after every layer fed by an FP32 op such as LayerNorm. Same values as casting first, but
-    grad_x is not rounded to 16 bits. ``FLASH_EQLINEAR_FUSED_CAST=0`` casts first (read when called).
+    grad_x is not rounded to 16 bits. ``FLASH_EQLINEAR_DEBUG=fused_cast=0`` casts first (read when called).
     Under torch.compile x is cast first: Inductor fuses the cast into the kernel that makes x (LayerNorm,
     pointwise ops) and the backward's widening into the one that takes grad_x, and the 16-bit grad_x
     kernels are faster (H100, bf16 training step, compiled: EQ-ViT-B 34.30 -> 31.95 ms, EQ-ViT-L 87.77
@@ -582,7 +126,7 @@ def _keeps_fp32_input(x, weight, group_size, cast: torch.dtype | None = None) ->
         return False
     if not weight.is_floating_point() or weight.dtype == torch.float64:
         return False
-    if os.environ.get("FLASH_EQLINEAR_FUSED_CAST", "1").strip() == "0":
+    if debug_switch("fused_cast") == "0":
         return False
     cast = _autocast_dtype(x) if cast is None else cast
     return cast in (torch.float16, torch.bfloat16) and backend_for(x, group_size) == "cuda"
@@ -600,6 +144,7 @@ def _autocast_and_check(x, weight, bias, group_size):
     return x, weight, bias, keep32, dims
 
 
+
 def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torch.Tensor:
     """An equivariant MLP, ``flash_eq_linear(GELU(flash_eq_linear(x, weight1, bias1)), weight2, bias2)``.
 
@@ -608,7 +153,8 @@ def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torc
     no gradient is needed (inference), for T = 4 on CUDA the first layer's kernel applies GELU in its
     epilogue (the fp16 / bf16 fused kernels, and the TF32 one on Hopper GPUs; elsewhere, e.g. exact FP32,
     GELU runs as its own pass): no pass over the hidden activation remains. In training it runs the three
-    calls (fusing GELU there measured slower). ``FLASH_EQLINEAR_FUSED_MLP=0`` runs the three calls always.
+    calls (fusing GELU there measured slower). ``FLASH_EQLINEAR_DEBUG=fused_mlp=0`` runs the three calls
+    always.
     Under ``torch.autocast`` it casts like ``nn.Linear`` (an FP32 x in training as
     :func:`flash_eq_linear` takes it).
     """
@@ -625,7 +171,7 @@ def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torc
     second = "flash_eq_mlp, second layer (weight2, bias2; its input has weight1's dtype)"
     params = (x, weight1, bias1, weight2, bias2)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
-    fused = os.environ.get("FLASH_EQLINEAR_FUSED_MLP", "1").strip() != "0"
+    fused = debug_switch("fused_mlp") != "0"
     if needs_grad or not fused or backend_for(x, T) != "cuda":
         hidden = torch.nn.functional.gelu(flash_eq_linear(x, weight1, bias1, T))
         try:
@@ -636,8 +182,8 @@ def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torc
         reference.check_inputs(x.new_empty((0, h * T), dtype=weight1.dtype), weight2, bias2, T, "planes")
     except (TypeError, ValueError, RuntimeError) as e:
         raise _naming(e, second) from None
-    hidden = _call("gelu", x.reshape(-1, c * T).contiguous(), weight1.contiguous(), bias1)
-    y = _call("fwd", hidden, weight2.contiguous(), bias2)
+    hidden = call("gelu", x.reshape(-1, c * T).contiguous(), weight1.contiguous(), bias1)
+    y = call("fwd", hidden, weight2.contiguous(), bias2)
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
@@ -654,13 +200,15 @@ def flash_eq_linear(x, weight, bias=None, group_size: int = 4) -> torch.Tensor:
     kernels for T = 4 on CUDA in fp32/fp16/bf16, the pure-PyTorch path otherwise (the Fourier
     reference or the dense expansion, whichever is faster there: :func:`reference_form`). Under
     ``torch.autocast`` it casts like ``nn.Linear`` (inputs, weight and bias to the autocast dtype).
-    In training (grad enabled, weight requiring grad), layers whose weight gradient takes the GEMM form
-    keep x's Fourier planes for the backward instead of x, the same memory, where the forward makes them
-    anyway (the GEMM form) or nearly so (the Hopper kernel's writers) (``_gemm_training_forward``;
-    ``FLASH_EQLINEAR_KEEP_PLANES=0``: x). Otherwise an FP32 x that needs its gradient under fp16 / bf16
-    autocast is rounded inside the op, and grad_x comes back in FP32 from the kernel
-    (``_keeps_fp32_input``).
+    On the fused kernels, eager calls are one call of the layer op ``flash_eqlinear::eq_linear``, whose
+    autocast, checks and autograd run in C++; its training forward follows the plan (:func:`explain`): it
+    may keep x's Fourier planes for the backward instead of x (the same memory) where the weight gradient's
+    GEMM form uses them, and an FP32 x that needs its gradient under fp16 / bf16 autocast is rounded
+    inside the op, with grad_x coming back in FP32 from the kernel. Traced calls (torch.compile, functorch)
+    run the 2-D ops with the same plan.
     """
+    if _LAYER_OP is not None and group_size == 4 and _fused_eager(x):
+        return _LAYER_OP(x, weight, bias)  # casts, checks, autograd: one dispatcher call (C++)
     return _eq_linear(*_autocast_and_check(x, weight, bias, group_size))
 
 
@@ -710,23 +258,98 @@ def _eq_linear(x, weight, bias, keep32: bool, dims: tuple, chunks: int = 0):
     x2 = x if x.dim() == 2 else x.reshape(-1, c * T)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
-    keeps_planes = (
-        torch.is_grad_enabled()
-        and weight.requires_grad
-        and _gemm_training_forward(weight.dtype, c, d, x2.device.index)
-    )
-    needs_grad = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in (x2, weight, bias)
-    )
-    wants_parts = chunks == 3 and needs_grad and not keeps_planes
-    if wants_parts and _parts_in_place(weight.dtype, c, d, x2.device.index):
-        parts = _call("split3", x2, weight.contiguous(), bias)[:3]
+    grad = torch.is_grad_enabled()
+    needs = tuple(grad and isinstance(t, torch.Tensor) and t.requires_grad for t in (x2, weight, bias))
+    train = _train_form(weight.dtype, keep32, c, d, x2.device.index, *needs, 3 if chunks == 3 else 0)
+    if train == "parts":
+        parts = call("split3", x2, weight.contiguous(), bias)[:3]
         return tuple(p if x.dim() == 2 else p.reshape(*lead, d * T // 3) for p in parts)
-    if keep32 and not keeps_planes:
-        y, _ = _call("cast", x2, weight.contiguous(), bias)
-    elif keeps_planes:
-        y, _ = _call("xf", x2.to(weight.dtype), weight.contiguous(), bias)
+    if train == "round_x":
+        y, _ = call("cast", x2, weight.contiguous(), bias)
+    elif train == "keep_planes":
+        y, _ = call("xf", x2.to(weight.dtype), weight.contiguous(), bias)
     else:
-        y = _call("fwd", x2, weight.contiguous(), bias)
+        y = call("fwd", x2.to(weight.dtype) if keep32 else x2, weight.contiguous(), bias)
     y = y if x.dim() == 2 else y.reshape(*lead, d * T)
     return y.chunk(chunks, -1) if chunks else y
+
+
+@torch.compiler.assume_constant_result
+def _train_form(dtype, x_fp32, c, d, device_index, needs_x, needs_p, needs_b, chunks) -> str:
+    """The plan's training form (:func:`plan`'s "train") of a traced, chunked or MLP call (under
+    torch.compile, read when traced), kept per arguments and the settings the plan reads."""
+    if device_index is None:
+        device_index = torch.cuda.current_device()
+    env = os.environ.get
+    key = (dtype, x_fp32, c, d, device_index, needs_x, needs_p, needs_b, chunks, env("FLASH_EQLINEAR_DEBUG"),
+           env("FLASH_EQLINEAR_SM90"), env("FLASH_EQLINEAR_FP32"), torch.backends.cuda.matmul.allow_tf32)
+    form = _TRAIN_FORMS.get(key)
+    if form is None:
+        op = torch.ops.flash_eqlinear.eq_linear_plan
+        device = torch.device("cuda", device_index)
+        text = op(0, c, d, dtype, x_fp32, device, needs_x, needs_p, needs_b, chunks)
+        form = _TRAIN_FORMS[key] = text.split("train=", 1)[1].split("\n", 1)[0]
+    return form
+
+
+_TRAIN_FORMS: dict = {}
+
+
+def plan(
+    M, c, d, dtype, device, *, needs_x=False, needs_p=False, needs_b=False, x_fp32=False, chunks=0
+) -> dict:
+    """How the fused kernels run a p4 layer call (C++, ``csrc/eq_linear_plan.h``): x (M, 4c) -> (M, 4d) in
+    ``dtype`` (the planes'; ``x_fp32``: an FP32 x under 16-bit autocast) on CUDA ``device``, with the
+    gradients of x, the planes and the bias recorded as given, ``chunks`` = 3 for
+    :func:`flash_eq_linear_chunks`' parts. Returns a dict: "forward" (the forward's kernel: narrow,
+    exact_fp32, split_tf32, tf32_hopper, tf32_gemm, hopper, gemm, mma), "fallback" (the kernel where a
+    Hopper launcher declines the tensors), "train" (inference, plain, round_x, keep_planes, parts),
+    "weight_grad" (none, fused, gemm), "grad_x" (none, kernel, hopper_planes, gemm), "grad_x_kernel"
+    (where grad_x is the forward's kernel on the adjoint planes) and "why" (the reasons, a list of str).
+    Depends on the switches (README, "Switches") and PyTorch's TF32 setting as they are when called."""
+    if not kernels_available():
+        raise RuntimeError(f"flash_eqlinear.ops.plan needs the fused kernels: {kernel_import_error()}")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    op = torch.ops.flash_eqlinear.eq_linear_plan
+    text = op(M, c, d, dtype, x_fp32, device, needs_x, needs_p, needs_b, chunks)
+    out: dict = {"why": []}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and " " not in key:
+            out[key] = value
+        elif line:
+            out["why"].append(line)
+    return out
+
+
+def explain(layer, x: torch.Tensor, chunks: int = 0) -> dict:
+    """The plan (:func:`plan`) of ``layer(x)`` (a ``FlashEQLinear``) as called now: train or eval, grad mode,
+    autocast and the switches as they are; ``chunks`` = 3: of ``layer.forward_chunks(x, 3)``. Where the call
+    runs off the fused kernels, {"backend": "reference", "form": "fourier" or "dense"} instead."""
+    T, c, d = layer.group_size, layer.c, layer.d
+    weight, bias = layer.weight, layer.bias
+    cast = _autocast_dtype(x)
+    if backend_for(x, T) != "cuda":
+        return {"backend": "reference", "form": reference_form(x, T, c, d, dense_kept=not layer.training)}
+    keep32 = cast is not None and _keeps_fp32_input(x, weight, T, cast)
+    dtype = cast if cast is not None and weight.dtype != torch.float64 else weight.dtype
+    grad = torch.is_grad_enabled()
+    needs = [grad and t is not None and t.requires_grad for t in (x, weight, bias)]
+    out = plan(x.numel() // max(x.shape[-1], 1), c, d, dtype, x.device, needs_x=needs[0], needs_p=needs[1],
+               needs_b=needs[2], x_fp32=keep32, chunks=chunks)
+    return {"backend": "cuda", **out}
+
+
+def _fused_eager(x) -> bool:
+    """Whether an eager call with input x goes to the layer op (the fused kernels, not traced)."""
+    return (
+        isinstance(x, torch.Tensor)
+        and x.is_cuda
+        and BACKEND == "auto"
+        and x.dtype in _KERNEL_DTYPES
+        and not torch.compiler.is_compiling()
+        and not torch._C._are_functorch_transforms_active()
+    )
+

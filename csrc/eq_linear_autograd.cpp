@@ -1,0 +1,253 @@
+// The layer op flash_eqlinear::eq_linear(x, planes, bias, x_rounded): x (..., 4c) -> (..., 4d) with planes
+// (4, d, c) and bias (d,), with its checks, autocast behaviour (AutocastCUDA) and autograd formula
+// (Autograd) registered here, below Python: an eager FlashEQLinear call is one dispatcher call, whose
+// backward runs in the autograd engine without the interpreter.
+//
+// The kernels it calls are the 2-D ops (eq_linear_fwd, _cast, _xf, eq_linear_bwd, _bwd_xf), through the
+// dispatcher below the autograd key: under tracing (FakeTensor, torch.compile) their fakes run instead.
+// Where a gradient is to be differentiable (create_graph=True), the backward calls
+// eq_linear_grads_differentiable, whose composite implementation is Python's (flash_eqlinear/_registry.py).
+#include <tuple>
+#include <vector>
+
+#include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "eq_host_common.h"
+#include "eq_ops.h"
+
+namespace flash_eqlinear {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using OptTensor = std::optional<at::Tensor>;
+using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+// How the training forward ran, i.e. what its node keeps (TrainForm's autograd cases).
+enum Form : int64_t { kPlainForm = 0, kRoundXForm = 1, kKeepPlanesForm = 2 };
+
+struct Ops {
+  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const OptTensor&, bool)> layer;
+  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const OptTensor&)> fwd;
+  c10::TypedOperatorHandle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const OptTensor&)>
+      cast, xf;
+  c10::TypedOperatorHandle<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, bool, bool, bool)>
+      bwd;
+  c10::TypedOperatorHandle<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, bool, bool)> bwd_xf;
+  c10::TypedOperatorHandle<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, bool, bool,
+                                   bool)>
+      differentiable;
+};
+
+const Ops& ops() {
+  static const Ops o = [] {
+    auto& d = c10::Dispatcher::singleton();
+    const auto op = [&d](const char* name) { return d.findSchemaOrThrow(name, ""); };
+    return Ops{op("flash_eqlinear::eq_linear").typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptTensor&, bool)>(),
+               op("flash_eqlinear::eq_linear_fwd").typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptTensor&)>(),
+               op("flash_eqlinear::eq_linear_fwd_cast")
+                   .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const OptTensor&)>(),
+               op("flash_eqlinear::eq_linear_fwd_xf")
+                   .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const OptTensor&)>(),
+               op("flash_eqlinear::eq_linear_bwd")
+                   .typed<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, bool, bool, bool)>(),
+               op("flash_eqlinear::eq_linear_bwd_xf")
+                   .typed<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, bool, bool)>(),
+               op("flash_eqlinear::eq_linear_grads_differentiable")
+                   .typed<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, bool, bool, bool)>()};
+  }();
+  return o;
+}
+
+// A dtype as Python prints it (the layer's messages read as flash_eqlinear.reference.check_inputs's).
+std::string py_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "torch.float32";
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kDouble: return "torch.float64";
+    default: return std::string("torch.") + c10::toString(t);
+  }
+}
+
+// The layer's checks, with the exception types and messages of flash_eqlinear.reference.check_inputs
+// (TypeError, ValueError, RuntimeError); returns (c, d). x_rounded: an FP32 x with fp16 / bf16 planes is
+// rounded in the op (autocast's kernel asks for it).
+std::pair<int64_t, int64_t> check_layer_args(const at::Tensor& x, const at::Tensor& planes, const OptTensor& bias,
+                                             bool x_rounded) {
+  TORCH_CHECK_TYPE(x.is_floating_point(), "input must be a floating-point tensor, got dtype ", py_dtype(x.scalar_type()));
+  TORCH_CHECK_TYPE(planes.is_floating_point(), "weight must be a floating-point tensor, got dtype ",
+                   py_dtype(planes.scalar_type()));
+  TORCH_CHECK_VALUE(planes.dim() == 3, "weight must have shape (T, d, c), got ", shape(planes.sizes()));
+  TORCH_CHECK_VALUE(planes.size(0) == 4, "weight ", shape(planes.sizes()), " holds group size ", num(planes.size(0)),
+                    " but group_size=4 (planes weights are (T, d, c); group-domain ones (d, c, T) convert by "
+                    "flash_eqlinear.naive_to_planes)");
+  const int64_t d = planes.size(1), c = planes.size(2);
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == 4 * c, "input's last dimension must be in_features = c*T = ",
+                    num(c), "*4 = ", num(4 * c), ", got input of shape ", shape(x.sizes()));
+  const auto low = planes.scalar_type();
+  const bool rounded = x_rounded && x.scalar_type() == at::kFloat && (low == at::kHalf || low == at::kBFloat16);
+  TORCH_CHECK(x.scalar_type() == low || rounded, "input dtype ", py_dtype(x.scalar_type()),
+              " does not match weight dtype ", py_dtype(low));
+  TORCH_CHECK(x.device() == planes.device(), "input is on ", x.device().str(), " but weight is on ",
+              planes.device().str());
+  if (bias.has_value()) {
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == d, "bias must have shape (d,) = (", num(d), ",), got ",
+                      shape(bias->sizes()));
+    TORCH_CHECK(bias->scalar_type() == low, "bias dtype ", py_dtype(bias->scalar_type()),
+                " does not match weight dtype ", py_dtype(low));
+    TORCH_CHECK(bias->device() == planes.device(), "bias is on ", bias->device().str(), " but weight is on ",
+                planes.device().str());
+  }
+  TORCH_CHECK(x.is_cuda(), "flash_eqlinear::eq_linear runs on CUDA tensors, got input on ", x.device().str());
+  TORCH_CHECK(kernel_dtype(low), "flash_eqlinear::eq_linear: dtype must be float32, float16 or bfloat16, got ",
+              py_dtype(low));
+  return {c, d};
+}
+
+// y (M, 4d) as (..., 4d) for x (..., 4c), not marked as a view (as aten::linear returns it): in-place ops on
+// the output stay allowed.
+at::Tensor shaped_like_input(const at::Tensor& y, const at::Tensor& x, int64_t d) {
+  if (x.dim() == 2) return y;
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = 4 * d;
+  return at::_unsafe_view(y, sizes);
+}
+
+// The adjoint (transpose) of x -> [f0 | f2 | fR | fI] / 2 (eq_linear_fwd_xf's planes of x): a gradient
+// (M, 4c) with respect to the planes -> one (M, 4c) with respect to x, in FP32. Differentiable.
+at::Tensor halved_planes_adjoint(const at::Tensor& g) {
+  const std::vector<at::Tensor> b = g.to(at::kFloat).unflatten(1, {4, -1}).unbind(1);
+  const at::Tensor s = (b[0] + b[1]) * 0.5, t = (b[0] - b[1]) * 0.5;
+  return at::stack({s + b[2] * 0.5, t - b[3] * 0.5, s - b[2] * 0.5, t + b[3] * 0.5}, -1).flatten(1);
+}
+
+class EqLinearFunction : public torch::autograd::Function<EqLinearFunction> {
+ public:
+  // Outputs: y, and what the node keeps besides the planes when that is made here (x rounded, x's planes),
+  // else an empty (0,) tensor. form: Form, from the plan.
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& planes,
+                               const OptTensor& bias, int64_t form) {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    const int64_t d = planes.size(1), c = planes.size(2);
+    const at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, 4 * c});
+    at::Tensor y, kept;
+    if (form == kRoundXForm) {
+      std::tie(y, kept) = ops().cast.call(x2, planes, bias);
+    } else if (form == kKeepPlanesForm) {  // (an FP32 x under autocast is rounded first)
+      std::tie(y, kept) = ops().xf.call(x2.to(planes.scalar_type()), planes, bias);
+    } else {
+      y = ops().fwd.call(x2, planes, bias);
+      kept = at::empty({0}, y.options());
+    }
+    ctx->saved_data["form"] = form;
+    ctx->saved_data["has_bias"] = bias.has_value();
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    ctx->saved_data["x_dtype"] = x.scalar_type();
+    ctx->save_for_backward({form == kPlainForm ? x : kept, planes});
+    ctx->set_materialize_grads(false);  // (kept's gradient: undefined unless a double backward reaches it)
+    return {shaped_like_input(y, x, d), kept};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& t = saved[0];  // x, x rounded, or x's planes (Form)
+    const at::Tensor& planes = saved[1];
+    const int64_t form = ctx->saved_data["form"].toInt();
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
+    const auto x_dtype = ctx->saved_data["x_dtype"].toScalarType();
+    const bool needs_x = ctx->needs_input_grad(0), needs_p = ctx->needs_input_grad(1);
+    const bool needs_b = has_bias && ctx->needs_input_grad(2);
+    const int64_t d = planes.size(1), c = planes.size(2);
+    at::Tensor gx, gp, gb;
+    if (grads[0].defined()) {
+      const at::Tensor gy = grads[0].reshape({-1, 4 * d});
+      const at::Tensor t2 = t.dim() == 2 ? t : t.reshape({-1, 4 * c});
+      if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that are differentiable themselves
+        std::tie(gx, gp, gb) = ops().differentiable.call(gy, t2, planes, form, needs_x, needs_p, needs_b);
+      } else {
+        const at::AutoDispatchBelowADInplaceOrView below;
+        std::tie(gx, gp, gb) = form == kKeepPlanesForm
+                                   ? ops().bwd_xf.call(gy, t2, planes, needs_x, needs_p, needs_b)
+                                   : ops().bwd.call(gy, t2, planes, needs_x, needs_p, needs_b, form == kRoundXForm);
+      }
+    }
+    if (needs_x && form != kPlainForm && grads[1].defined()) {  // a double backward reached the kept tensor
+      const at::Tensor g = form == kRoundXForm ? grads[1].to(at::kFloat) : halved_planes_adjoint(grads[1]);
+      gx = gx.defined() ? gx + g.to(gx.scalar_type()) : g;
+    }
+    if (needs_x && gx.defined()) gx = gx.view(x_sizes).to(x_dtype);
+    return {needs_x ? gx : at::Tensor(), needs_p ? gp : at::Tensor(), needs_b ? gb : at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+// The op's CUDA kernel: the forward without a node (no gradient recorded, or inference mode).
+at::Tensor eq_linear_cuda(const at::Tensor& x, const at::Tensor& planes, const OptTensor& bias, bool x_rounded) {
+  const auto [c, d] = check_layer_args(x, planes, bias, x_rounded);
+  const at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, 4 * c});
+  const at::Tensor y = fwd(x2.to(planes.scalar_type()), planes, bias, false, "eq_linear");
+  return shaped_like_input(y, x, d);
+}
+
+// The op's autograd kernel: where a gradient is recorded, the plan's training form as one node.
+at::Tensor eq_linear_autograd(const at::Tensor& x, const at::Tensor& planes, const OptTensor& bias, bool x_rounded) {
+  const bool grad = at::GradMode::is_enabled();
+  const bool needs_x = grad && x.requires_grad(), needs_p = grad && planes.requires_grad();
+  const bool needs_b = grad && bias.has_value() && bias->requires_grad();
+  if (!needs_x && !needs_p && !needs_b) {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return ops().layer.call(x, planes, bias, x_rounded);
+  }
+  const auto [c, d] = check_layer_args(x, planes, bias, x_rounded);
+  LayerQuery q;
+  q.M = x.numel() / (4 * c), q.c = c, q.d = d;
+  q.elem = elem_of(planes.scalar_type());
+  q.x_fp32 = x.scalar_type() != planes.scalar_type();
+  q.sm_major = sm_major_of(x);
+  q.tf32 = tf32_allowed();
+  q.needs_x = needs_x, q.needs_p = needs_p, q.needs_b = needs_b;
+  const TrainForm train = plan_layer(q).train;
+  const int64_t form = train == TrainForm::kKeepPlanes ? kKeepPlanesForm
+                       : train == TrainForm::kRoundX ? kRoundXForm
+                                                     : kPlainForm;
+  return EqLinearFunction::apply(x, planes, bias, form)[0];
+}
+
+// The op's autocast kernel: nn.Linear's casts (the cached casts of parameters within an autocast region, as
+// autocast keeps them), except that an FP32 x whose gradient is recorded stays FP32 for the op to round
+// (plan_rounds_x): same values, and grad_x comes back in FP32 without a cast's backward pass.
+at::Tensor eq_linear_autocast(const at::Tensor& x, const at::Tensor& planes, const OptTensor& bias, bool x_rounded) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  const at::ScalarType cast = at::autocast::get_autocast_dtype(at::kCUDA);
+  const bool keep32 = (cast == at::kHalf || cast == at::kBFloat16) && x.scalar_type() == at::kFloat &&
+                      at::GradMode::is_enabled() && x.requires_grad() && planes.is_floating_point() &&
+                      planes.scalar_type() != at::kDouble && plan_rounds_x();
+  const at::Tensor xc = keep32 ? x : at::autocast::cached_cast(cast, x, c10::DeviceType::CUDA);
+  return ops().layer.call(xc, at::autocast::cached_cast(cast, planes, c10::DeviceType::CUDA),
+                          at::autocast::cached_cast(cast, bias, c10::DeviceType::CUDA), x_rounded || keep32);
+}
+
+std::string eq_linear_plan_op(int64_t M, int64_t c, int64_t d, at::ScalarType dtype, bool x_fp32, at::Device device,
+                              bool needs_x, bool needs_p, bool needs_b, int64_t chunks) {
+  TORCH_CHECK(device.is_cuda(), "eq_linear_plan: the fused kernels' plan is for CUDA devices, got ", device.str());
+  TORCH_CHECK_VALUE(M >= 0 && c >= 1 && d >= 1, "eq_linear_plan: want M >= 0, c >= 1, d >= 1, got ", num(M), ", ",
+                    num(c), ", ", num(d));
+  TORCH_CHECK_TYPE(kernel_dtype(dtype), "eq_linear_plan: dtype must be float32, float16 or bfloat16, got ",
+                   py_dtype(dtype));
+  LayerQuery q;
+  q.M = M, q.c = c, q.d = d;
+  q.elem = elem_of(dtype);
+  q.x_fp32 = x_fp32 && dtype != at::kFloat;
+  q.sm_major = at::cuda::getDeviceProperties(device.has_index() ? device.index() : at::cuda::current_device())->major;
+  q.tf32 = tf32_allowed();
+  q.needs_x = needs_x, q.needs_p = needs_p, q.needs_b = needs_b;
+  q.chunks = static_cast<int>(chunks);
+  return explain_layer(q);
+}
+
+}  // namespace flash_eqlinear
