@@ -1,7 +1,7 @@
 """Exact-FP32 tile configurations of the tiled forward kernel against each other and F.linear.
 
 For M = 32768 rows and C = D = 4c: forward latency of F.linear and of our op with each tile forced
-(FLASH_EQLINEAR_FP32_TILE=big|small|small4, the narrow kernel off) and with the default rule. CUDA
+(FLASH_EQLINEAR_DEBUG=fp32_tile=big|small|small4, the narrow kernel off) and with the default rule. CUDA
 graphs over rotated inputs, as bench_op.py. This is what sets kSmallMaxC in eq_linear_fwd_fp32.cu.
 
 Usage: python benchmarks/bench_fp32_tiles.py [--cs 64,128,256,512,1024] [--out NAME.json]
@@ -29,7 +29,7 @@ TILES = ("default", "big", "small", "small4")
 
 def timed(fn, xs, tile: str) -> float:
     """ms per call of fn over xs with the FP32 tile forced (the narrow kernel off)."""
-    return graphed_ms(fn, xs, {"FLASH_EQLINEAR_NARROW": "0", "FLASH_EQLINEAR_FP32_TILE": tile})
+    return graphed_ms(fn, xs, {"narrow": "0", "fp32_tile": tile})
 
 
 def main() -> None:

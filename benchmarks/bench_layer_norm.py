@@ -4,7 +4,7 @@ Under bf16 autocast, for an activation x (M, C) feeding a linear layer (FP32, or
 of EQ-ViT / ViT under autocast, which F.layer_norm casts to FP32 first), forward + backward of:
   * ``nn.LayerNorm`` + the cast the linear layer's autocast makes (the plain ViT's norm);
   * ``GroupLayerNorm`` on stock ops (``F.layer_norm`` with the expanded shared parameters, then the cast;
-    ``FLASH_EQLINEAR_FUSED_NORM=0``);
+    ``FLASH_EQLINEAR_DEBUG=fused_norm=0``);
   * ``GroupLayerNorm(autocast_output=True)`` on the fused op (one pass forward, one backward).
 The backward starts from a bf16 gradient of the norm's bf16 output (what the linear layer returns). Medians of
 CUDA-event samples over rotated inputs; also the bytes each form must move at least, over the measured copy
@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
-from common import RESULTS, bench, env_switch, environment, n_buffers, save_json  # noqa: E402
+from common import RESULTS, bench, debug_switch, environment, n_buffers, save_json  # noqa: E402
 
 from flash_eqlinear.models.layers import GroupLayerNorm  # noqa: E402
 
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
         floor_ms = M * C * (4 + 3 * xs[0].element_size()) / (copy_tbps * 1e12) * 1e3
         for name, norm in forms.items():
             norm = norm.cuda()
-            with env_switch("FLASH_EQLINEAR_FUSED_NORM", "0" if "stock" in name else "1"):
+            with debug_switch("fused_norm", "0" if "stock" in name else "1"):
                 fwd = bench(lambda x, _n=norm: forward(_n, x), [(x.detach(),) for x in xs], min_calls=4)
                 train = bench(
                     lambda x, g, _n=norm: step(_n, x, g), list(zip(xs, gys, strict=True)), min_calls=4

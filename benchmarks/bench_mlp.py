@@ -1,5 +1,5 @@
-"""flash_eq_mlp's inference path, fused (GELU in fc1's kernel) against unfused (FLASH_EQLINEAR_FUSED_MLP=0)
-and nn.Linear: one MLP and whole EQ-ViTs.
+"""flash_eq_mlp's inference path, fused (GELU in fc1's kernel) against unfused
+(FLASH_EQLINEAR_DEBUG=fused_mlp=0) and nn.Linear: one MLP and whole EQ-ViTs.
 
 MLP: x (M, C) -> H -> C, GELU between, at the ViT-B / -L / -H shapes (M = 128 images x tokens), in
 inference (no_grad; fused, unfused, plain) and training (forward + backward; flash against plain).
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_network import environment, time_calls  # noqa: E402
-from common import env_switch  # noqa: E402
+from common import debug_switch, env_switch  # noqa: E402
 
 import flash_eqlinear as fe  # noqa: E402
 from flash_eqlinear.models import eq_vit  # noqa: E402
@@ -44,9 +43,8 @@ def alternate(calls: dict, rounds: int, warmup: int, iters: int) -> dict:
     out = {name: [] for name in calls}
     for _ in range(rounds):
         for name, (fn, fused) in calls.items():
-            os.environ["FLASH_EQLINEAR_FUSED_MLP"] = "1" if fused else "0"
-            out[name].append(median_ms(fn, warmup, iters))
-    os.environ["FLASH_EQLINEAR_FUSED_MLP"] = "1"
+            with debug_switch("fused_mlp", "1" if fused else "0"):
+                out[name].append(median_ms(fn, warmup, iters))
     return out
 
 

@@ -1,7 +1,7 @@
 """Narrow layers (c, d <= 32; FP32 up to 64): the narrow kernel against the tiled kernels and F.linear.
 
 For M = 32768 rows and a grid of (c, d): forward latency of F.linear, of our op with the narrow
-kernel and with it switched off (FLASH_EQLINEAR_NARROW=0: the tiled kernels), the memory floor
+kernel and with it switched off (FLASH_EQLINEAR_DEBUG=narrow=0: the tiled kernels), the memory floor
 (bytes of x, planes and y over the measured copy bandwidth) and the narrow kernel's share of it.
 CUDA graphs over rotated inputs, as bench_op.py. This is what sets kNarrowMaxC / kNarrowMaxCD16.
 
@@ -31,7 +31,7 @@ SHAPES_FP32 = [(32, 64), (64, 32), (48, 48), (64, 64)]  # exact FP32 has narrow 
 
 def timed(fn, xs, narrow: bool) -> float:
     """ms per call of fn over xs, with the narrow kernel on or off."""
-    return graphed_ms(fn, xs, {"FLASH_EQLINEAR_NARROW": "1" if narrow else "0"})
+    return graphed_ms(fn, xs, {"narrow": "1" if narrow else "0"})
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import bench, env_switch, environment, measure_ceilings, n_buffers, save_json  # noqa: E402
+from common import bench, env_switch, environment, measure_ceilings, n_buffers, save_json, switch  # noqa: E402
 
 import flash_eqlinear as fe  # noqa: E402
 from flash_eqlinear import reference  # noqa: E402
@@ -70,11 +70,13 @@ def graphed(fn, args_list):
 
 
 def graphed_ms(fn, xs, switches: dict | None = None, min_time_s: float = 0.2) -> float:
-    """ms per call of fn over the argument tuples xs, replayed from one CUDA graph; the given
-    FLASH_EQLINEAR_* switches hold while it is captured, which is when the kernels are chosen."""
+    """ms per call of fn over the argument tuples xs, replayed from one CUDA graph; the given switches
+    hold while it is captured, which is when the kernels are chosen: name -> value, a name either a
+    variable of its own (``FLASH_EQLINEAR_SM90``, ``FLASH_EQLINEAR_FP32``) or one of FLASH_EQLINEAR_DEBUG's
+    (``pdl``, ``narrow``, ...; :func:`common.switch`)."""
     with contextlib.ExitStack() as stack:
         for name, value in (switches or {}).items():
-            stack.enter_context(env_switch(name, value))
+            stack.enter_context(switch(name, value))
         replay = graphed(fn, xs)
     return bench(replay, [()], min_time_s=min_time_s) / len(xs)
 
@@ -147,7 +149,7 @@ def run_case(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int) ->
         # same rotation; and ours launched without programmatic dependent launch (sm_90+).
         y_copy = torch.empty(M, D, device="cuda", dtype=dt)
         row["copy_ms"] = graphed_ms(lambda x: y_copy.copy_(x), xs, min_time_s=0.3)
-        row["flash_no_pdl_ms"] = graphed_ms(fns["flash"], xs, {"FLASH_EQLINEAR_PDL": "0"}, min_time_s=0.3)
+        row["flash_no_pdl_ms"] = graphed_ms(fns["flash"], xs, {"pdl": "0"}, min_time_s=0.3)
 
         x = xs[0][0][:prec_rows]
         ref = reference.naive_eq_linear(x.double(), w, bias.double(), 4)

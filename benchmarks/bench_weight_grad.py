@@ -3,11 +3,13 @@ rows) and of bench_op (M = 32768, c = d), on a CUDA GPU.
 
 Per shape (us per call, CUDA-graph replays, medians): the fused weight-gradient op (the Hopper kernel
 where it runs, and with FLASH_EQLINEAR_SM90=0 the mma.sync kernel), the dense weight gradient of
-nn.Linear (gy^T x) for scale; the whole backward op with the fused weight gradient and the GEMM form's
-(from the training forward's kept planes); the forward and the plane-keeping training forward. The
-last columns add them up: one layer's forward + backward with either method, against three dense GEMMs.
+nn.Linear (gy^T x) for scale; the whole backward op with the fused weight gradient
+(FLASH_EQLINEAR_DEBUG=weight_grad=fused) and the GEMM form's (from the training forward's kept planes); the
+forward and the plane-keeping training forward. The last columns add them up: one layer's forward + backward
+with either method, against three dense GEMMs.
 Writes benchmarks/results/weight_grad_<commit>.{json,md}. With --ab NAME=VALUE only the fused weight gradient
-is timed, with and without that switch in alternating rounds (weight_grad_ab_<name>_<commit>.json). With
+is timed, with and without that switch in alternating rounds (weight_grad_ab_<name>_<commit>.json; NAME one of
+FLASH_EQLINEAR_DEBUG's names, e.g. wgrad_swap, or a variable of its own, e.g. FLASH_EQLINEAR_SM90). With
 --fused-only only the fused weight gradient, one line per shape ("<dtype> <shape> <us> us"), nothing written:
 what benchmarks/ab_builds.sh compares across builds.
 """
@@ -48,7 +50,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 def us(fn, sm90: str = "1", switches: dict | None = None) -> float:
     """us per call of fn, replayed from a CUDA graph captured with FLASH_EQLINEAR_SM90=sm90 and the given
-    other switches."""
+    other switches (graphed_ms: FLASH_EQLINEAR_DEBUG names or variables of their own)."""
     return graphed_ms(fn, [()], {"FLASH_EQLINEAR_SM90": sm90, **(switches or {})}, min_time_s=0.15) * 1e3
 
 
@@ -63,7 +65,9 @@ def run_shape(M: int, c: int, d: int, dt: torch.dtype) -> dict:
         "wgrad_fused": us(lambda: op.eq_linear_bwd_weight(x, gy)),
         "wgrad_mma": us(lambda: op.eq_linear_bwd_weight(x, gy), "0"),
         "wgrad_dense": us(lambda: torch.mm(gy.t(), x)),
-        "bwd_fused": us(lambda: op.eq_linear_bwd(gy, x, planes, True, True, True, False)),
+        "bwd_fused": us(
+            lambda: op.eq_linear_bwd(gy, x, planes, True, True, True), switches={"weight_grad": "fused"}
+        ),
         "bwd_gemm": us(lambda: op.eq_linear_bwd_xf(gy, xf, planes, True, True, True)),
         "fwd": us(lambda: op.eq_linear_fwd(x, planes, None)),
         "fwd_xf": us(lambda: op.eq_linear_fwd_xf(x, planes, None)),
@@ -147,7 +151,8 @@ def main(argv=None) -> int:
         "--ab",
         default=None,
         metavar="NAME=VALUE",
-        help="only the fused weight gradient, with and without this switch (FLASH_EQLINEAR_WGRAD_SWAP=1)",
+        help="only the fused weight gradient, with and without this switch (a FLASH_EQLINEAR_DEBUG name, "
+        "e.g. wgrad_swap=1, or a variable, e.g. FLASH_EQLINEAR_SM90=0)",
     )
     ap.add_argument(
         "--fused-only", action="store_true", help="only the fused weight gradient, printed per shape"

@@ -30,6 +30,53 @@ def env_switch(name: str, value: str):
             os.environ[name] = old
 
 
+def with_debug_switch(raw: str, name: str, value: str) -> str:
+    """``FLASH_EQLINEAR_DEBUG``'s value ``raw`` ("name=value,...", may be empty) with ``name`` set to
+    ``value`` (added, or replacing the item of that name; the others kept in their order)."""
+    items = {}
+    for item in raw.split(","):
+        key, sep, val = item.partition("=")
+        if sep and key.strip():
+            items[key.strip()] = val.strip()
+    items[name] = str(value)
+    return ",".join(f"{k}={v}" for k, v in items.items())
+
+
+@contextmanager
+def debug_switch(name: str, value: str):
+    """The debug switch ``name`` (one of FLASH_EQLINEAR_DEBUG's names: narrow, products, weight_grad,
+    keep_planes, fused_cast, fused_mlp, fused_norm, workspace_mb, fp32_tile, sm90_cluster, wgrad_swap,
+    wgrad_half_r, pdl) set to ``value`` inside the block, merged with what FLASH_EQLINEAR_DEBUG holds;
+    the variable is restored after (the kernels read it at each call)."""
+    raw = with_debug_switch(os.environ.get("FLASH_EQLINEAR_DEBUG", ""), name, value)
+    with env_switch("FLASH_EQLINEAR_DEBUG", raw):
+        yield
+
+
+# The switches with variables of their own (the others are names of FLASH_EQLINEAR_DEBUG).
+OWN_VARIABLES = (
+    "FLASH_EQLINEAR_SM90",
+    "FLASH_EQLINEAR_FP32",
+    "FLASH_EQLINEAR_BACKEND",
+    "FLASH_EQLINEAR_DEBUG",
+)
+
+
+def switch(name: str, value: str):
+    """A context with one switch set: a variable of its own where ``name`` is one
+    (``FLASH_EQLINEAR_SM90``, ``FLASH_EQLINEAR_FP32``: :func:`env_switch`), else a name of
+    FLASH_EQLINEAR_DEBUG (``pdl``, ``narrow``, ...: :func:`debug_switch`). A retired variable
+    (``FLASH_EQLINEAR_PDL`` and the like, now ``pdl``) raises instead of being set to no effect."""
+    if name in OWN_VARIABLES:
+        return env_switch(name, value)
+    if name.startswith("FLASH_EQLINEAR_"):
+        short = name.removeprefix("FLASH_EQLINEAR_").lower()
+        raise ValueError(
+            f"{name} is gone: set {short}={value} in FLASH_EQLINEAR_DEBUG (the switch name {short!r})"
+        )
+    return debug_switch(name, value)
+
+
 def git_commit() -> str:
     """HEAD's short hash (``-dirty`` with local changes); FLASH_EQLINEAR_COMMIT overrides it where
     the tree is a copy without .git."""

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build, GPU tests, compute-sanitizer, benchmarks on a CUDA machine; full logs under $OUT
 # (default /tmp/out), a short summary last.
-# Usage: bash benchmarks/gpu_run.sh [build] [test] [sanitize] [bench] [bench-bwd] [bench-train] [bench-3xtf32] [bench-wgrad] [profile-bwd] [profile-net] [net] [net-train] [net-train-cast] [bench-quick] [host] [narrow] [fp32-tiles] [xf-writer]
+# Usage: bash benchmarks/gpu_run.sh [build] [base] [test] [sanitize] [bench] [host-ab] [bench-bwd] [bench-train] [bench-3xtf32] [bench-wgrad] [profile-bwd] [profile-net] [net] [net-train] [net-train-cast] [bench-quick] [host] [narrow] [fp32-tiles] [xf-writer]
 # (default: build test sanitize bench)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -18,6 +18,14 @@ if has build; then
   FLASH_EQLINEAR_FORCE_CUDA_BUILD=1 python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1
   rc=$?; summary+=("build rc=$rc ($((SECONDS - t0)) s)")
   [ $rc -ne 0 ] && { tail -40 "$OUT/build.log"; printf '%s\n' "${summary[@]}"; exit 1; }
+fi
+# A baseline tree in .base (e.g. `git archive <commit> | tar -x -C .base`, carried to the machine): built in
+# place beside this one (its package imports from its own tree), for the A/B stages (host-ab).
+if has base; then
+  t0=$SECONDS
+  (cd .base && FLASH_EQLINEAR_FORCE_CUDA_BUILD=1 python3 setup.py build_ext --inplace >"$OUT/build_base.log" 2>&1)
+  rc=$?; summary+=("base build rc=$rc ($((SECONDS - t0)) s)")
+  [ $rc -ne 0 ] && { tail -20 "$OUT/build_base.log"; printf '%s\n' "${summary[@]}"; exit 1; }
 fi
 python3 -c "import flash_eqlinear as fe; assert fe.kernels_available(), fe.ops.kernel_import_error()" || exit 1
 if has test; then
@@ -72,9 +80,9 @@ net_train() {
   summary+=("net-train$1 rc=$?"); grep -E "^\| vit" "$OUT/net_train$1.log"
 }
 has net-train && net_train ""
-# The same with the FP32 inputs cast in front of each layer (FLASH_EQLINEAR_FUSED_CAST=0): the A/B, eager only
+# The same with the FP32 inputs cast in front of each layer (FLASH_EQLINEAR_DEBUG=fused_cast=0): the A/B, eager only
 # (compiled graphs cast first whatever the switch says).
-has net-train-cast && FLASH_EQLINEAR_FUSED_CAST=0 NET_TRAIN_MODES=eager net_train _cast0
+has net-train-cast && FLASH_EQLINEAR_DEBUG=fused_cast=0 NET_TRAIN_MODES=eager net_train _cast0
 if has profile-bwd; then
   python3 benchmarks/profile_bwd.py --cs 512,1024 >"$OUT/profile_bwd.log" 2>&1; summary+=("profile-bwd rc=$?")
   cat "$OUT/profile_bwd.log"
@@ -97,6 +105,15 @@ if has bench-quick; then
 fi
 if has host; then  # host (CPU) cost per layer call against nn.Linear
   python3 benchmarks/bench_host.py >"$OUT/host.log" 2>&1; summary+=("host rc=$?"); cat "$OUT/host.log"
+fi
+if has host-ab; then  # the same for the baseline tree (.base) and this one, in turn (HOST_ARGS: bench_host.py args)
+  cp benchmarks/bench_host.py .base/benchmarks/bench_host.py
+  for tree in base new base new; do
+    dir=.; commit=${FLASH_EQLINEAR_COMMIT:-}; [ "$tree" = base ] && { dir=.base; commit=${BASE_COMMIT:-base}; }
+    (cd "$dir" && FLASH_EQLINEAR_COMMIT=$commit python3 benchmarks/bench_host.py ${HOST_ARGS:-}) >>"$OUT/host_$tree.log" 2>&1
+    summary+=("host-ab $tree rc=$?")
+  done
+  for tree in base new; do echo "== $tree"; grep -E "^\| [a-z]|^M =" "$OUT/host_$tree.log"; done
 fi
 if has narrow; then
   python3 benchmarks/bench_narrow.py >"$OUT/narrow.log" 2>&1; summary+=("narrow rc=$?"); grep "^|" "$OUT/narrow.log"

@@ -6,18 +6,20 @@ Per (dtype, c), C = D = 4c, milliseconds: F.linear's forward and its two backwar
 grad_x (the forward kernel on the adjoint planes; gx_port: without the Hopper kernels; gx_gemm: from
 grad_y's Fourier planes, its group DFT included), the fused weight-gradient kernel, the GEMM form's
 parts (both group DFTs, the plane GEMMs), the whole weight gradient per mode and the whole backward
-op (bwd_port: without the Hopper kernels); and, without graphs, the eager autograd backward of
+op with the GEMM-form weight gradient (FLASH_EQLINEAR_DEBUG=weight_grad=gemm; bwd_port: without the
+Hopper kernels); and, without graphs, the eager autograd backward of
 F.linear and of the layer (lin_bwd_eager, bwd_eager: EAGER_CALLS calls back to back per sample; the
 _1 columns: one isolated call per sample, its host latency included).
 --cpu: the host (Python + dispatch) microseconds per call of the eager backward and its parts.
 --trace: the kernels of the layer's eager autograd backward (the training path: kept planes where
-ops._gemm_training_forward takes them) under torch.profiler, microseconds per call each, their sum
+ops.plan(...)["train"] is "keep_planes") under torch.profiler, microseconds per call each, their sum
 against the wall time per call (the difference: the GPU waiting for the host).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -26,7 +28,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_op import EAGER_CALLS, graphed, portable  # noqa: E402
-from common import bench, env_switch, host_us  # noqa: E402
+from common import bench, debug_switch, host_us  # noqa: E402
 
 import flash_eqlinear as fe  # noqa: E402
 from flash_eqlinear import reference  # noqa: E402
@@ -35,8 +37,16 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def gemm_grad_x(op, *args):
-    """op(*args) with fp16 / bf16 grad_x taken from grad_y's Fourier planes (FLASH_EQLINEAR_PRODUCTS=gemm)."""
-    with env_switch("FLASH_EQLINEAR_PRODUCTS", "gemm"):
+    """op(*args) with fp16 / bf16 grad_x taken from grad_y's Fourier planes (FLASH_EQLINEAR_DEBUG
+    products=gemm beside weight_grad=gemm: the plan takes that grad_x only with the GEMM-form weight
+    gradient)."""
+    with debug_switch("products", "gemm"), debug_switch("weight_grad", "gemm"):
+        return op(*args)
+
+
+def gemm_weight_grad(op, *args):
+    """op(*args) with the GEMM-form weight gradient (FLASH_EQLINEAR_DEBUG=weight_grad=gemm)."""
+    with debug_switch("weight_grad", "gemm"):
         return op(*args)
 
 
@@ -56,8 +66,8 @@ def case(dt, M: int, c: int) -> dict:
     xf = eqf.eq_group_dft(x, True, False)[0]
     gf = eqf.eq_group_dft(gy, False, True)[0]
 
-    all_grads = (True, True, True, True)  # needs_x, needs_p, needs_b, gemm
-    grad_x_only = (True, False, False, True)
+    all_grads = (True, True, True)  # needs_x, needs_p, needs_b
+    grad_x_only = (True, False, False)
 
     # The weight gradient's GEMMs, close to the op's: the complex pair as one product with FP32 output.
     # (The op reads column blocks, runs P0 / P2 as one batched GEMM and combines q in one kernel; here
@@ -93,17 +103,22 @@ def case(dt, M: int, c: int) -> dict:
         # grad_x from grad_y's planes (its group DFT included), as the portable GEMM-form backward
         "gx_gemm": timed(lambda g: gemm_grad_x(eqf.eq_linear_bwd, g, x, planes, *grad_x_only), gy),
         "gw_fused": timed(eqf.eq_linear_bwd_weight, x, gy),
-        "gw_gemm": timed(lambda x, g: eqf.eq_linear_bwd(g, x, planes, False, True, True, True), x, gy),
+        "gw_gemm": timed(
+            lambda x, g: gemm_weight_grad(eqf.eq_linear_bwd, g, x, planes, False, True, True), x, gy
+        ),
         "dft_x": timed(lambda x: eqf.eq_group_dft(x, True, False), x),
         "dft_gy": timed(lambda g: eqf.eq_group_dft(g, False, True), gy),
         "gemms": timed(gemms),
-        "bwd_op": timed(lambda x, g: eqf.eq_linear_bwd(g, x, planes, *all_grads), x, gy),
-        "bwd_port": timed(lambda x, g: portable(eqf.eq_linear_bwd, g, x, planes, *all_grads), x, gy),
+        "bwd_op": timed(lambda x, g: gemm_weight_grad(eqf.eq_linear_bwd, g, x, planes, *all_grads), x, gy),
+        "bwd_port": timed(
+            lambda x, g: portable(gemm_weight_grad, eqf.eq_linear_bwd, g, x, planes, *all_grads), x, gy
+        ),
     }
 
 
 def cpu_overhead(dt) -> None:
-    """Host cost of one backward (autograd.grad of all three gradients) and of its parts."""
+    """Host cost of one backward (autograd.grad of all three gradients) and of its parts (the GEMM form's
+    with FLASH_EQLINEAR_DEBUG=weight_grad=gemm set around their timing)."""
     M, c = 256, 64
     x = torch.randn(M, 4 * c, device="cuda", dtype=dt, requires_grad=True)
     gy = torch.randn(M, 4 * c, device="cuda", dtype=dt)
@@ -119,11 +134,17 @@ def cpu_overhead(dt) -> None:
         "flash bwd": lambda: torch.autograd.grad(y, (x, planes, bias), gy, retain_graph=True),
         "flash fwd": lambda: fe.flash_eq_linear(x.detach(), planes.detach(), bias.detach()),
         "gx op": lambda: eqf.eq_linear_fwd(gy, planes.detach(), None),
-        "gw gemm form": lambda: eqf.eq_linear_bwd(gy, x.detach(), planes.detach(), False, True, True, True),
-        "whole bwd op": lambda: eqf.eq_linear_bwd(gy, x.detach(), planes.detach(), True, True, True, True),
+        "gw gemm form": lambda: eqf.eq_linear_bwd(gy, x.detach(), planes.detach(), False, True, True),
+        "whole bwd op": lambda: eqf.eq_linear_bwd(gy, x.detach(), planes.detach(), True, True, True),
         "gw fused op": lambda: eqf.eq_linear_bwd_weight(x.detach(), gy),
     }
-    print(" | ".join(f"{k} {host_us(f):.0f} us" for k, f in parts.items()), flush=True)
+    gemm_form = {"gw gemm form", "whole bwd op"}
+
+    def us(name, fn) -> float:
+        with debug_switch("weight_grad", "gemm") if name in gemm_form else contextlib.nullcontext():
+            return host_us(fn)
+
+    print(" | ".join(f"{k} {us(k, f):.0f} us" for k, f in parts.items()), flush=True)
 
 
 def trace(dt, M: int, c: int, calls: int = 20) -> None:

@@ -4,7 +4,7 @@ shapes in every dtype, with and without bias. Exits non-zero on a wrong result."
 import sys
 
 import torch
-from common import env_switch
+from common import debug_switch, env_switch
 
 import flash_eqlinear  # noqa: F401  (registers the ops)
 from flash_eqlinear import reference
@@ -78,7 +78,7 @@ for M, c, d in [(1000, 64, 64), (257, 48, 59), (4097, 33, 64), (129, 64, 20)] if
         planes = torch.randn(4, d, c, device="cuda") / (4 * c) ** 0.5
         b = torch.randn(d, device="cuda")
         ref = fp64_forward(xi, planes, b)
-        with env_switch("FLASH_EQLINEAR_NARROW", "1"):
+        with debug_switch("narrow", "1"):
             y = torch.ops.flash_eqlinear.eq_linear_fwd(xi, planes, b)
         assert rel_err(y, ref) < 1e-5, ("narrow fp32", M, c, d)
 # Each exact-FP32 tile forced, more tiles than blocks in flight and a single k tile (c = 3).
@@ -86,19 +86,20 @@ for tile in ("big", "small", "small4") if "tiles" in DIRECTIONS else ():
     for M, c, d in [(5000, 40, 200), (3001, 3, 48), (129, 64, 64), (7, 200, 33)]:
         x, planes, b = layer(M, c, d)
         ref = fp64_forward(x, planes, b)
-        with env_switch("FLASH_EQLINEAR_NARROW", "0"), env_switch("FLASH_EQLINEAR_FP32_TILE", tile):
+        with debug_switch("narrow", "0"), debug_switch("fp32_tile", tile):
             y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
         assert rel_err(y, ref) < 1e-5, ("tile", tile, M, c, d)
 
 
 def check_weight_grad(dtype, M, c, d, what, group_dft=False):
     """grad_planes and grad_bias of random x and grad_y against float64, alone and in the whole backward
-    (whose weight-gradient launches also make grad_x's adjoint planes; grad_x checked too); with group_dft,
-    also both group DFTs (grad_bias from grad_y's column sums checked too)."""
+    with the fused weight gradient (whose launches also make grad_x's adjoint planes; grad_x checked too);
+    with group_dft, also both group DFTs (grad_bias from grad_y's column sums checked too)."""
     x, planes, _ = layer(M, c, d, dtype, bias=False)
     gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
     gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy)
-    gx, gp2, gb2 = torch.ops.flash_eqlinear.eq_linear_bwd(gy, x, planes, True, True, True, False)
+    with debug_switch("weight_grad", "fused"):
+        gx, gp2, gb2 = torch.ops.flash_eqlinear.eq_linear_bwd(gy, x, planes, True, True, True)
     needs = (False, True, True)
     _, rp, rb = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double(), needs)
     rx = fp64_forward(gy, reference.adjoint_planes(planes), None)
@@ -124,16 +125,16 @@ WGRAD_SHAPES += [(40, 130, 258), (3000, 64, 192)]
 WGRAD_SHAPES += [(25216, 192, 576), (25216, 192, 192)]
 if "quick" in DIRECTIONS:
     WGRAD_SHAPES = [s for s in WGRAD_SHAPES if s[0] <= 10000]
-# The Hopper kernel's operand roles (FLASH_EQLINEAR_WGRAD_SWAP): "wgrad" runs both, "wgrad-normal" or
-# "wgrad-swapped" one (racecheck of both takes more than 280 s).
+# The Hopper kernel's operand roles (FLASH_EQLINEAR_DEBUG=wgrad_swap=0|1): "wgrad" runs both,
+# "wgrad-normal" or "wgrad-swapped" one (racecheck of both takes more than 280 s).
 for role, swap in (("normal", "0"), ("swapped", "1")):
     if "wgrad" not in DIRECTIONS and f"wgrad-{role}" not in DIRECTIONS:
         continue
-    with env_switch("FLASH_EQLINEAR_WGRAD_SWAP", swap):
+    with debug_switch("wgrad_swap", swap):
         for dtype in (torch.float16, torch.bfloat16):
             for M, c, d in WGRAD_SHAPES:
                 check_weight_grad(dtype, M, c, d, f"wgrad {role}")
-# The GEMM forms with fp16 / bf16 plane products (FLASH_EQLINEAR_PRODUCTS=gemm): the forward (halved
+# The GEMM forms with fp16 / bf16 plane products (FLASH_EQLINEAR_DEBUG=products=gemm): the forward (halved
 # group DFT, inverse DFT + bias into 16-bit) and the whole backward with grad_x from grad_y's planes;
 # pairs and single channels; the planes-keeping training forward and its backward.
 # (6000, 64, 136): more Hopper tiles (141) than SMs, so blocks write planes for a second tile.
@@ -151,12 +152,13 @@ for dtype in (torch.float16, torch.bfloat16) if "gemm" in DIRECTIONS else ():
         x, planes, b = layer(M, c, d, dtype)
         gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
         with (
-            env_switch("FLASH_EQLINEAR_PRODUCTS", "gemm"),
-            env_switch("FLASH_EQLINEAR_NARROW", "0"),
-            env_switch("FLASH_EQLINEAR_WORKSPACE_MB", "1"),  # row chunks of 1024 (6000 rows: six)
+            debug_switch("products", "gemm"),
+            debug_switch("narrow", "0"),
+            debug_switch("workspace_mb", "1"),  # row chunks of 1024 (6000 rows: six)
+            debug_switch("weight_grad", "gemm"),
         ):
             y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
-            gx, gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd(gy, x, planes, True, True, True, True)
+            gx, gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd(gy, x, planes, True, True, True)
         yref = fp64_forward(x, planes, b)
         assert rel_err(y, yref) < TOL[dtype], ("fwd gemm", dtype, M, c, d)
         want = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double())
@@ -181,7 +183,7 @@ for dtype in (torch.float16, torch.bfloat16, torch.float32) if "hopper" in DIREC
         tol = 5e-3 if dtype == torch.float32 else TOL[dtype]
         y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
         assert rel_err(y, yref) < tol, ("hopper", dtype, M, c, d)
-        with env_switch("FLASH_EQLINEAR_SM90_CLUSTER", "2"):  # clusters of two sharing x
+        with debug_switch("sm90_cluster", "2"):  # clusters of two sharing x
             y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
         assert rel_err(y, yref) < tol, ("hopper clusters", dtype, M, c, d)
         if dtype != torch.float32:
@@ -200,7 +202,7 @@ for dtype, shapes in GAUSS_CASES if "gauss" in DIRECTIONS else ():
     torch.backends.cuda.matmul.allow_tf32 = dtype == torch.float32
     for M, c, d in shapes:
         x, planes, b = layer(M, c, d, dtype)
-        with env_switch("FLASH_EQLINEAR_PRODUCTS", "gemm"), env_switch("FLASH_EQLINEAR_WORKSPACE_MB", "64"):
+        with debug_switch("products", "gemm"), debug_switch("workspace_mb", "64"):
             y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
         tol = 5e-3 if dtype == torch.float32 else TOL[dtype]
         assert rel_err(y, fp64_forward(x, planes, b)) < tol, ("gauss", dtype, M, c, d)
@@ -222,7 +224,8 @@ for M, c, h in [(129, 48, 136), (257, 64, 66)] if "mlp" in DIRECTIONS else ():
     assert rel_err(a, torch.nn.functional.gelu(fp64_forward(x, w1, b1))) < 5e-3, ("gelu tf32", M, c, h)
 torch.backends.cuda.matmul.allow_tf32 = False
 # An FP32 x under autocast: eq_linear_fwd_cast, and grad_x in FP32 (the Hopper kernel's FP32 epilogue;
-# clusters of two at c = 512; c = 59 and FLASH_EQLINEAR_SM90=0: the mma.sync kernel's).
+# clusters of two at c = 512; c = 59 and FLASH_EQLINEAR_SM90=0: the mma.sync kernel's; the fused weight
+# gradient's plan, whose grad_x is the kernel's).
 for dtype in (torch.float16, torch.bfloat16) if "cast" in DIRECTIONS else ():
     for M, c, d in [(1000, 192, 576), (300, 512, 64), (129, 48, 40), (257, 59, 48)]:
         x, planes, b = layer(M, c, d)
@@ -232,13 +235,13 @@ for dtype in (torch.float16, torch.bfloat16) if "cast" in DIRECTIONS else ():
         gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
         want = fp64_forward(gy, reference.adjoint_planes(p), None)
         for sm90 in ("1", "0"):
-            with env_switch("FLASH_EQLINEAR_SM90", sm90):
-                gx, _, _ = torch.ops.flash_eqlinear.eq_linear_bwd(gy, xl, p, True, False, False, False, True)
+            with env_switch("FLASH_EQLINEAR_SM90", sm90), debug_switch("weight_grad", "fused"):
+                gx, _, _ = torch.ops.flash_eqlinear.eq_linear_bwd(gy, xl, p, True, False, False, True)
             assert gx.dtype == torch.float32 and rel_err(gx, want) < TOL[dtype], ("cast gx", M, c, d, sm90)
 # A layer's output in three parts (eq_linear_fwd_split3) and the backward from three part gradients: the
 # Hopper forward writing the parts (clusters of two at d = 768), grad_x reading them (three x maps), the
-# weight gradient reading them as either operand (FLASH_EQLINEAR_WGRAD_SWAP); d / 3 = 48: joined or copied
-# where a part is not whole tiles; an FP32 x (the cast and its FP32 grad_x).
+# weight gradient reading them as either operand (FLASH_EQLINEAR_DEBUG=wgrad_swap); d / 3 = 48: joined or
+# copied where a part is not whole tiles; an FP32 x (the cast and its FP32 grad_x).
 SPLIT_SHAPES = [(1000, 192, 576), (300, 256, 768), (129, 48, 144), (700, 64, 192)]
 if "quick" in DIRECTIONS:
     SPLIT_SHAPES = [(min(M, 100), c, d) for M, c, d in SPLIT_SHAPES]
@@ -251,7 +254,7 @@ for dtype in (torch.float16, torch.bfloat16) if "split3" in DIRECTIONS else ():
         gy = torch.randn(M, 4 * d, device="cuda", dtype=dtype)
         want = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double())
         for swap in ("0", "1"):
-            with env_switch("FLASH_EQLINEAR_WGRAD_SWAP", swap):
+            with debug_switch("wgrad_swap", swap):
                 got = bwd3(*gy.chunk(3, 1), x, planes, True, True, True)
             for g, r in zip(got, want, strict=True):
                 assert rel_err(g, r) < TOL[dtype], ("bwd split3", dtype, M, c, d, swap)

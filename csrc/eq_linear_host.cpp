@@ -82,8 +82,8 @@ void gemm_fp32_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
 // = [a0 | a2 | k1 | k2 | k3]; the inverse DFT forms aR = 2 (k1 - k3), aI = 2 (k1 + k2) (halved
 // convention). The quarter and halves keep the new 16-bit operands within the range of the existing
 // ones: |s/4| <= max |x|, and the plane combinations, formed in FP32 and rounded once, within max |P|.
-// 5/16 of the dense MACs instead of 6/16 for one more x-sized block written and read (H100, M = 32768:
-// benchmarks/README.md, v14).
+// 5/16 of the dense MACs instead of 6/16 for one more x-sized block written and read (plan_three_products;
+// docs/performance.md).
 // With gauss, planes are gauss_planes(planes) (5, d, c) (fwd_gemm_form_chunked makes them once for
 // its chunks); without, cblock may be complex_block(planes) already (made once for row chunks).
 void fourier_products_into(const at::Tensor& f, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
@@ -159,11 +159,9 @@ at::Tensor fwd_gemm_form(const at::Tensor& x, const at::Tensor& planes, const at
 // Rows per chunk of the GEMM forms' row-chunked passes (the inference forward, grad_x) for row_bytes
 // of workspace per row: at most FLASH_EQLINEAR_DEBUG workspace_mb (default 2048) MB at once, however large M
 // is, in multiples of 128 rows (16-byte aligned row offsets) but never fewer than 1024 (the GEMMs stay
-// large; where 1024 rows alone need more than the cap, the chunks exceed it). Each chunk costs a tail:
-// H100, M = 32768, caps of 512 MB / 1 GB / 2 GB / none: TF32 1.95 / 1.88 / 1.84 / 1.84 ms at c = 1024,
-// 5.79 / 5.74 / 5.60 / 5.50 at c = 2048; fp16 (GEMM form forced) 1.24 / 1.16 / 1.16 / 1.15 at c = 1024
-// (benchmarks/README.md, v15). So 2 GB by default: one chunk for every benchmarked layer but TF32 at
-// c = 2048 (two).
+// large; where 1024 rows alone need more than the cap, the chunks exceed it). Each chunk costs a tail, so
+// the default cap, 2 GB, leaves one chunk for every benchmarked layer but TF32 at c = 2048 (two; timings
+// in docs/performance.md).
 int64_t gemm_form_chunk_rows(int64_t row_bytes) {
   int64_t mb = 2048;
   if (const char* v = debug_switch("workspace_mb"); v != nullptr && *v != '\0') {
@@ -231,15 +229,10 @@ bool fwd_sm90_16bit(const at::Tensor& x, const at::Tensor& planes, const at::Ten
 // lo*lo term, ~2^-22 relative, dropped). Then the inverse DFT + bias pass. Used for c * d >=
 // 2^18 (eq_linear_plan.cpp), where it beats the exact SIMT kernel; smaller layers stay exact.
 // Accuracy: the tensor cores accumulate in FP32 without round-to-nearest, so a GEMM's error grows
-// linearly with its K. Measured on an H100 with each product as one GEMM over K = [hi | lo] (c = d =
-// 512 .. 2048): relative error 5e-6 .. 2e-5, 6-12x the exact kernel's (5e-7 .. 1e-6). Hence: the two
-// correction terms (2^-11 of the result) in one GEMM of their own, then the hi*hi product in K chunks
-// of max(256, K / 8), each added to the output by the GEMM epilogue (FP32, round to nearest), so the
-// accumulation error no longer grows like K while the exact kernel's grows like sqrt(K). An emulation
-// (exact TF32 products, 8 per step, accumulator truncated to FP32 after each step; it reproduces the
-// measured growth of the unchunked form) puts the chunked error at 1.5x / 1.1x / 1.3x the exact
-// kernel's at c = 512 / 1024 / 2048; 256-wide chunks everywhere would give 1.5x / 1.1x / 0.75x at the
-// price of twice the passes at c = 2048. Each chunk re-reads and re-writes the FP32 product.
+// linearly with its K. Hence the two correction terms (2^-11 of the result) in one GEMM of their own,
+// then the hi*hi product in K chunks of max(256, K / 8), each added to the output by the GEMM epilogue
+// (FP32, round to nearest): the accumulation error no longer grows like K (docs/performance.md). Each
+// chunk re-reads and re-writes the FP32 product.
 constexpr int64_t kSplitChunkMin = 256;
 
 // TF32 on for the GEMMs of the split product, whatever the user's setting (restored on exit).

@@ -1,5 +1,5 @@
-// The plan of a layer call (eq_linear_plan.h). The size thresholds were set by H100 measurements; the
-// numbers behind them are in docs/performance.md ("Where each path runs").
+// The plan of a layer call (eq_linear_plan.h). The size thresholds were set by measurements, listed in
+// docs/performance.md ("Where each path runs").
 #include "eq_linear_plan.h"
 
 #include <algorithm>

@@ -14,9 +14,7 @@ namespace flash_eqlinear {
 // itself), so they are tagged flexible_layout: Inductor then hands over views of its buffers as they are.
 // With its default for custom ops (the eager strides, exactly), a view of a not yet computed pointwise
 // result was computed straight into a buffer of the view's shape, with indexing that Triton did not
-// vectorize: the q / k / v gradient stack of a ViT's attention before qkv's backward took 1.99 ms per
-// compiled ViT-B step, against 0.92 ms for plain's (the same stack, realized in its own shape and viewed
-// as matmul's input; benchmarks/README.md, v21).
+// vectorize (docs/performance.md).
 const std::vector<at::Tag> kAnyLayout = {at::Tag::flexible_layout};
 
 TORCH_LIBRARY(flash_eqlinear, m) {

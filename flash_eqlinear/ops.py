@@ -60,16 +60,10 @@ def reference_form(x: torch.Tensor, group_size: int, c: int, d: int, dense_kept:
     over the activations in small-K products); ``"dense"``: the expanded block-circulant weight and one
     ``F.linear`` (NaiveEQLinear's computation, so the layer is never slower than the one it replaces).
     ``FLASH_EQLINEAR_BACKEND=reference`` always takes the Fourier path. Otherwise Fourier only where it
-    measured faster: on the CPU for T >= 3 and T * sqrt(c * d) >= 1024. (Fourier / dense time, 2 CPU
-    threads, M = 4096, c = d: T = 4: 3.2, 2.1, 1.3, 0.96 at c = 16, 64, 128, 256; T = 8: 3.1, 1.1,
-    0.72, 0.61; T = 16: 1.7, 0.44, 0.40 at c = 16, 64, 128; T = 2: 2.1-4.0.) GPUs take the dense form:
-    on an H100 the Fourier path ran at 0.08-0.84x F.linear for T = 4, c = 16 .. 2048.
-
+    measured faster: on the CPU for T >= 3 and T * sqrt(c * d) >= 1024. GPUs take the dense form.
     ``dense_kept``: inference with the expanded weight kept (``FlashEQLinear`` in eval mode, as
     ``NaiveEQLinear`` keeps it), so that the dense form costs only its ``F.linear``: then Fourier also needs
-    at least 256 rows. (Fourier / kept dense, 2 CPU threads, T = 4, C -> D = 1024 -> 1024, 768 -> 3072,
-    3072 -> 768, 2048 -> 2048: 5.3, 3.2, 3.2, 2.3 at 1 row; 1.8, 1.7, 1.1, 1.05 at 8; 1.14, 0.98, 0.84, 0.79
-    at 64; 0.82, 0.73, 0.72, 0.63 at 256; 0.7-1.0 from 1024 rows.)
+    at least 256 rows. (The measurements: docs/performance.md.)
     """
     if BACKEND == "reference":
         return "fourier"
@@ -116,8 +110,7 @@ def _keeps_fp32_input(x, weight, group_size, cast: torch.dtype | None = None) ->
     grad_x is not rounded to 16 bits. ``FLASH_EQLINEAR_DEBUG=fused_cast=0`` casts first (read when called).
     Under torch.compile x is cast first: Inductor fuses the cast into the kernel that makes x (LayerNorm,
     pointwise ops) and the backward's widening into the one that takes grad_x, and the 16-bit grad_x
-    kernels are faster (H100, bf16 training step, compiled: EQ-ViT-B 34.30 -> 31.95 ms, EQ-ViT-L 87.77
-    -> 81.91 ms; benchmarks/README.md, v21). ``cast``: autocast's dtype for x, where the caller has it."""
+    kernels are faster (docs/performance.md). ``cast``: autocast's dtype for x, where the caller has it."""
     if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
         return False
     if torch.compiler.is_compiling():

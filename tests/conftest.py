@@ -10,6 +10,7 @@ instead of index arithmetic) so that comparing against it really checks the conv
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -42,6 +43,28 @@ def require_cuda_kernels() -> None:
     if not fe.kernels_available():
         why = fe.ops.kernel_import_error()
         pytest.skip(f"{module}: fused kernels not built: {why}", allow_module_level=True)
+
+
+def debug_env(monkeypatch: pytest.MonkeyPatch, **switches) -> str:
+    """Sets names of ``FLASH_EQLINEAR_DEBUG`` (``"name=value,name=value"``) for the test through
+    ``monkeypatch.setenv``: the variable's current items (it may be unset or empty) are kept, the given
+    names added or overridden (values converted with ``str()``; ``None`` removes a name, the library's
+    default), e.g. ``debug_env(monkeypatch, narrow=0, products="gemm")``. Several calls in one test
+    accumulate (a later call keeps the earlier names); monkeypatch restores the variable afterwards.
+    Returns the new value."""
+    items: dict[str, str] = {}
+    for item in os.environ.get("FLASH_EQLINEAR_DEBUG", "").split(","):
+        key, sep, value = item.partition("=")
+        if sep and key.strip():
+            items[key.strip()] = value.strip()
+    for name, value in switches.items():
+        if value is None:
+            items.pop(name, None)
+        else:
+            items[name] = str(value)
+    raw = ",".join(f"{name}={value}" for name, value in items.items())
+    monkeypatch.setenv("FLASH_EQLINEAR_DEBUG", raw)
+    return raw
 
 
 def check_export(

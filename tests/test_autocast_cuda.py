@@ -1,7 +1,7 @@
 """An FP32 input under fp16 / bf16 autocast in training (eq_linear_fwd_cast): x rounded inside the op,
 grad_x written in FP32 by the kernel instead of a 16-bit grad_x widened by the cast's backward.
 
-The same function as casting first (``FLASH_EQLINEAR_FUSED_CAST=0``): the output and the weight
+The same function as casting first (``FLASH_EQLINEAR_DEBUG=fused_cast=0``): the output and the weight
 gradients bit for bit, grad_x equal to the cast-first grad_x before its rounding to 16 bits (so
 rounding it gives that one bit for bit) and no further from float64; the backward's 16-bit -> FP32
 copy is gone (profiler); opcheck, torch.compile, double backward, misuse.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import rel_l2, require_cuda_kernels
+from conftest import debug_env, rel_l2, require_cuda_kernels
 
 import flash_eqlinear as fe
 from flash_eqlinear import reference
@@ -38,7 +38,7 @@ def make(M, c, d, seed=0):
 
 def run(x, planes, b, gy, dtype, fused_cast, monkeypatch):
     """(y, grad_x, grad_planes, grad_bias) of flash_eq_linear under autocast to dtype, FP32 leaves."""
-    monkeypatch.setenv("FLASH_EQLINEAR_FUSED_CAST", "1" if fused_cast else "0")
+    debug_env(monkeypatch, fused_cast="1" if fused_cast else "0")
     leaves = [t.detach().clone().requires_grad_() for t in (x, planes, b)]
     with torch.autocast("cuda", dtype=dtype):
         y = fe.flash_eq_linear(*leaves)
@@ -51,9 +51,7 @@ def run(x, planes, b, gy, dtype, fused_cast, monkeypatch):
 @pytest.mark.parametrize("dtype", LOW, ids=str)
 @pytest.mark.parametrize("M, c, d", SHAPES)
 def test_same_function_as_casting_first(M, c, d, dtype, sm90, mode, monkeypatch):
-    from flash_eqlinear import ops
-
-    monkeypatch.setattr(ops, "WEIGHT_GRAD", mode)
+    debug_env(monkeypatch, weight_grad=mode)
     monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1" if sm90 else "0")
     x, planes, b, gy = make(M, c, d, seed=M + c + d)
     y, gx, gp, gb = run(x, planes, b, gy, dtype, True, monkeypatch)
@@ -82,7 +80,7 @@ def test_the_backward_copy_is_gone(monkeypatch):
     x, planes, b, gy = make(4096, 192, 576)
 
     def copies(fused_cast):
-        monkeypatch.setenv("FLASH_EQLINEAR_FUSED_CAST", "1" if fused_cast else "0")
+        debug_env(monkeypatch, fused_cast="1" if fused_cast else "0")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             y = fe.flash_eq_linear(x.detach().clone().requires_grad_(), planes, b)
         g = gy.bfloat16()
@@ -107,8 +105,8 @@ def test_cast_op_opcheck(dtype):
     torch.library.opcheck(op.default, (x, p, None))
     torch.library.opcheck(op.default, (x.clone().requires_grad_(), p.clone().requires_grad_(), bb))
     bwd = torch.ops.flash_eqlinear.eq_linear_bwd.default
-    torch.library.opcheck(bwd, (gy.to(dtype), x.to(dtype), p, True, True, True, False, True))
-    torch.library.opcheck(bwd, (gy.to(dtype), x.to(dtype), p, False, True, True, False, True))
+    torch.library.opcheck(bwd, (gy.to(dtype), x.to(dtype), p, True, True, True, True))
+    torch.library.opcheck(bwd, (gy.to(dtype), x.to(dtype), p, False, True, True, True))
     y, x_low = op(x, p, bb)
     assert y.dtype == x_low.dtype == dtype and torch.equal(x_low, x.to(dtype))
     assert torch.equal(y, torch.ops.flash_eqlinear.eq_linear_fwd(x.to(dtype), p, bb))
@@ -116,16 +114,17 @@ def test_cast_op_opcheck(dtype):
 
 def test_compiled_block_matches_eager(monkeypatch):
     # LayerNorm (FP32 under autocast) -> FlashEQLinear, forward + backward compiled as one graph. Eager
-    # rounds x in eq_linear_fwd_cast (FLASH_EQLINEAR_FUSED_CAST=1); the compiled graph casts first whatever
-    # the switch says (Inductor fuses the cast into the LayerNorm) and calls eq_linear_fwd, as eager does
-    # with the switch at 0, and matches that: the same function, up to Inductor's LayerNorm against ATen's.
+    # rounds x in eq_linear_fwd_cast (FLASH_EQLINEAR_DEBUG=fused_cast=1); the compiled graph casts first
+    # whatever the switch says (Inductor fuses the cast into the LayerNorm) and calls eq_linear_fwd, as eager
+    # does with the switch at 0, and matches that: the same function, up to Inductor's LayerNorm against
+    # ATen's.
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.LayerNorm(256), fe.FlashEQLinear(256, 384)).to(DEV)
     compiled = torch.compile(model, fullgraph=True)
     x0 = torch.randn(300, 256, device=DEV)
 
     def run(m, fused_cast, op):
-        monkeypatch.setenv("FLASH_EQLINEAR_FUSED_CAST", fused_cast)
+        debug_env(monkeypatch, fused_cast=fused_cast)
         xi = x0.clone().requires_grad_()
         cpu = torch.profiler.ProfilerActivity.CPU
         with torch.profiler.profile(activities=[cpu]) as prof, torch.autocast("cuda", dtype=torch.bfloat16):
@@ -152,7 +151,7 @@ def test_double_backward(monkeypatch):
     x, planes, b, _ = make(65, 16, 24)
 
     def second_order(fused_cast):
-        monkeypatch.setenv("FLASH_EQLINEAR_FUSED_CAST", "1" if fused_cast else "0")
+        debug_env(monkeypatch, fused_cast="1" if fused_cast else "0")
         xs, ps = x.clone().requires_grad_(), planes.clone().requires_grad_()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             y = fe.flash_eq_linear(xs, ps, b)

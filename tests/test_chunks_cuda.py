@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import rel_l2, require_cuda_kernels
+from conftest import debug_env, rel_l2, require_cuda_kernels
 
 import flash_eqlinear as fe
 from flash_eqlinear import reference
@@ -79,12 +79,12 @@ def test_ops_equal_the_whole_layer(M, c, d, dtype, sm90, monkeypatch):
         assert rel_l2(y, y64) <= {torch.float32: 1e-5}.get(dtype, 2e-2)
     gs = [g.to(dtype) for g in part_grads(M, d)]
     got = ops.eq_linear_bwd_split3(*gs, x, w, True, True, True)
-    want = ops.eq_linear_bwd(torch.cat(gs, 1), x, w, True, True, True, False)
+    want = ops.eq_linear_bwd(torch.cat(gs, 1), x, w, True, True, True)
     for a, e in zip(got, want, strict=True):
         assert torch.equal(a, e)
     got = ops.eq_linear_bwd_split3(*gs, x, w, True, False, False, True)[0]  # an FP32 grad_x
     assert got.dtype == torch.float32 and torch.equal(
-        got, ops.eq_linear_bwd(torch.cat(gs, 1), x, w, True, False, False, False, True)[0]
+        got, ops.eq_linear_bwd(torch.cat(gs, 1), x, w, True, False, False, True)[0]
     )
 
 
@@ -92,7 +92,7 @@ def test_ops_equal_the_whole_layer(M, c, d, dtype, sm90, monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("M, c, d", SHAPES)
 def test_backward_from_parts_equals_whole(M, c, d, dtype, weight_grad, monkeypatch):
-    monkeypatch.setattr(fe.ops, "WEIGHT_GRAD", weight_grad)
+    debug_env(monkeypatch, weight_grad=weight_grad)
     x, w, b = make(M, c, d, dtype, seed=2)
     gs = part_grads(M, d)
     parts, got = grads(chunked, x, w, b, gs)
@@ -118,8 +118,8 @@ def test_fp32_input_under_autocast(M, c, d, dtype):
 
 @pytest.mark.parametrize("swap", ["0", "1"])
 def test_each_weight_gradient_role(swap, monkeypatch):
-    # The Hopper weight gradient with grad_y as either operand (FLASH_EQLINEAR_WGRAD_SWAP).
-    monkeypatch.setenv("FLASH_EQLINEAR_WGRAD_SWAP", swap)
+    # The Hopper weight gradient with grad_y as either operand (FLASH_EQLINEAR_DEBUG=wgrad_swap=0|1).
+    debug_env(monkeypatch, wgrad_swap=swap)
     x, w, b = make(1000, 192, 576, torch.bfloat16, seed=5)
     gs = part_grads(1000, 576, seed=6)
     parts, got = grads(chunked, x, w, b, gs)

@@ -14,7 +14,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import check_export, rel_l2, require_cuda_kernels
+from conftest import check_export, debug_env, rel_l2, require_cuda_kernels
 
 import flash_eqlinear as fe
 from flash_eqlinear import reference
@@ -116,11 +116,11 @@ SM90_SHAPES = [
 @pytest.mark.parametrize("M, c, d", SM90_SHAPES)
 def test_forward_each_path(M, c, d, dtype, path, monkeypatch):
     # FLASH_EQLINEAR_SM90=0 forces the portable mma.sync kernel where the sm_90a one would run
-    # (elsewhere both settings run the portable kernel); FLASH_EQLINEAR_SM90_CLUSTER=2 the sm_90a
+    # (elsewhere both settings run the portable kernel); FLASH_EQLINEAR_DEBUG=sm90_cluster=2 the sm_90a
     # kernel in clusters of two. Each path: fp64 criterion, bitwise repeatable.
     monkeypatch.setenv("FLASH_EQLINEAR_SM90", "0" if path == "portable" else "1")
-    monkeypatch.setenv("FLASH_EQLINEAR_SM90_CLUSTER", "2" if path == "sm90-cluster" else "1")
-    monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")  # small shapes would take the narrow kernel
+    debug_env(monkeypatch, sm90_cluster="2" if path == "sm90-cluster" else "1")
+    debug_env(monkeypatch, narrow="0")  # small shapes would take the narrow kernel
     x, planes, b = make(M, c, d, dtype, seed=M + 3 * c + 7 * d)
     op = torch.ops.flash_eqlinear.eq_linear_fwd
     y = op(x, planes, b)
@@ -139,18 +139,18 @@ def in_clusters(kernel_name: str) -> bool:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("M, c, d", SM90_SHAPES + [(20000, 8, 130), (20000, 40, 190)])
 def test_forward_clusters(M, c, d, dtype, monkeypatch):
-    # Clusters of two CTAs sharing x (FLASH_EQLINEAR_SM90_CLUSTER=2) launch their own kernel and give
+    # Clusters of two CTAs sharing x (FLASH_EQLINEAR_DEBUG=sm90_cluster=2) launch their own kernel and give
     # the single-CTA kernel's output bit for bit (same fragments, same wgmma order); an odd count of
     # n tiles leaves the last cluster's second CTA a tile past d.
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm_90a kernel only")
     monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1")
-    monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
+    debug_env(monkeypatch, narrow="0")
     x, planes, b = make(M, c, d, dtype, seed=M + 5 * c + 3 * d)
     op = torch.ops.flash_eqlinear.eq_linear_fwd
-    monkeypatch.setenv("FLASH_EQLINEAR_SM90_CLUSTER", "1")
+    debug_env(monkeypatch, sm90_cluster="1")
     y1 = op(x, planes, b)
-    monkeypatch.setenv("FLASH_EQLINEAR_SM90_CLUSTER", "2")
+    debug_env(monkeypatch, sm90_cluster="2")
     out = []
     names = launched_kernels(lambda: out.append(op(x, planes, b)))
     kernels = [n for n in names if "eq_linear_fwd_sm90_kernel" in n]
@@ -171,7 +171,7 @@ def test_forward_cluster_default(c, d, clusters, monkeypatch):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm_90a kernel only")
     monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1")
-    monkeypatch.delenv("FLASH_EQLINEAR_SM90_CLUSTER", raising=False)
+    debug_env(monkeypatch, sm90_cluster=None)
     x, planes, b = make(1000, c, d, torch.bfloat16, seed=c + d)
     names = launched_kernels(lambda: torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b))
     kernels = [n for n in names if "eq_linear_fwd_sm90_kernel" in n]
@@ -192,10 +192,10 @@ NARROW_CASES += [(*s, torch.float32) for s in NARROW_FP32_SHAPES]
 @pytest.mark.parametrize("narrow", [True, False], ids=["narrow", "tiled"])
 @pytest.mark.parametrize("M, c, d, dtype", NARROW_CASES, ids=str)
 def test_forward_narrow(M, c, d, dtype, narrow, monkeypatch):
-    # FLASH_EQLINEAR_NARROW=1 forces the narrow kernel (c, d <= 32; FP32 up to 64), =0 the tiled
+    # FLASH_EQLINEAR_DEBUG=narrow=1 forces the narrow kernel (c, d <= 32; FP32 up to 64), =0 the tiled
     # kernels. Each: fp64 criterion, bitwise repeatable, no bias, fp16-range inputs, and x at an
     # 8-byte offset (the element-access path).
-    monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "1" if narrow else "0")
+    debug_env(monkeypatch, narrow="1" if narrow else "0")
     x, planes, b = make(M, c, d, dtype, seed=M + 5 * c + 11 * d)
     op = torch.ops.flash_eqlinear.eq_linear_fwd
     y = op(x, planes, b)
@@ -238,8 +238,8 @@ def test_fp32_dispatch_of_the_wide_narrow_tiles(c, d, narrow, monkeypatch):
     # here, so the result does not tell which ran: the profiler's kernel names do.
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the 64-wide FP32 tiles need an H100-class shared memory")
-    for switch in ("FLASH_EQLINEAR_NARROW", "FLASH_EQLINEAR_FP32_TILE", "FLASH_EQLINEAR_FP32"):
-        monkeypatch.delenv(switch, raising=False)
+    debug_env(monkeypatch, narrow=None, fp32_tile=None)
+    monkeypatch.delenv("FLASH_EQLINEAR_FP32", raising=False)
     x, planes, b = make(4097, c, d, torch.float32)
     names = launched_kernels(lambda: torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b))
     assert any("eq_linear_fwd" in n for n in names), names
@@ -265,10 +265,9 @@ def ran_tile(names, tile):
 @pytest.mark.parametrize("tile", list(FP32_TILES))
 @pytest.mark.parametrize("M, c, d", [(4097, 59, 200), (129, 64, 64), (3001, 3, 48), (7, 200, 33)])
 def test_fp32_tile_configs(M, c, d, tile, monkeypatch):
-    # FLASH_EQLINEAR_FP32_TILE forces each exact-FP32 tile: each under 1e-5 against float64 (ragged
-    # rows, channels and k tails; one k tile for c = 3), and the profiler shows the forced one ran.
-    monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
-    monkeypatch.setenv("FLASH_EQLINEAR_FP32_TILE", tile)
+    # FLASH_EQLINEAR_DEBUG=fp32_tile=... forces each exact-FP32 tile: each under 1e-5 against float64
+    # (ragged rows, channels and k tails; one k tile for c = 3), and the profiler shows the forced one ran.
+    debug_env(monkeypatch, narrow="0", fp32_tile=tile)
     x, planes, b = make(M, c, d, torch.float32, seed=M + c + d)
     y = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b)
     assert rel_l2(y, fp64_reference(x, planes, b)[0]) < 1e-5
@@ -287,8 +286,8 @@ def test_fp32_three_product_error(tile, monkeypatch):
     # tile's on the same inputs, and under the FP32 bar, there and on plain random data. The method is
     # stable normwise, not componentwise: on the cancelling aR alone (y0 = h aR without bias, P0 and
     # P2, ~1e-3 of aI) its relative error measured 19x small4's (8.2e-4 against 4.3e-5, H100, aa27368),
-    # held here to 40x (FLASH_EQLINEAR_FP32_TILE=small4 keeps four products).
-    monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
+    # held here to 40x (FLASH_EQLINEAR_DEBUG=fp32_tile=small4 keeps four products).
+    debug_env(monkeypatch, narrow="0")
     M, c, d = 2048, 256, 96
     x, planes, b = make(M, c, d, torch.float32, seed=7)
     xq = x.view(M, c, 4).clone()
@@ -300,7 +299,7 @@ def test_fp32_three_product_error(tile, monkeypatch):
         ref = fp64_reference(xx, pp, bb)[0]
         errs, errs_ar = {}, {}
         for t in (tile, "small4"):
-            monkeypatch.setenv("FLASH_EQLINEAR_FP32_TILE", t)
+            debug_env(monkeypatch, fp32_tile=t)
             y = torch.ops.flash_eqlinear.eq_linear_fwd(xx, pp, bb)
             errs[t] = rel_l2(y, ref)
             errs_ar[t] = rel_l2(y.view(M, d, 4)[..., 0], ref.view(M, d, 4)[..., 0])
@@ -308,7 +307,7 @@ def test_fp32_three_product_error(tile, monkeypatch):
         assert errs_ar[tile] <= 40 * errs_ar["small4"] + 1e-8, errs_ar
 
 
-def test_fp32_weight_grad_three_product_cancellation():
+def test_fp32_weight_grad_three_product_cancellation(monkeypatch):
     # The exact-FP32 weight gradient takes the complex pair as three products. Where grad_PR cancels
     # (x with fI = fR, grad_y with g3 ~ g1 - g0 + g2: the gradient's aR and aI parts opposite, so
     # grad_PR ~ 1e-3 of grad_PI), its error on grad_PR stays within 3x of the four-product GEMM
@@ -324,7 +323,8 @@ def test_fp32_weight_grad_three_product_cancellation():
     assert want[1].norm() < 1e-2 * want[2].norm()  # the cancellation is there
     errs = {}
     for gemm in (False, True):
-        _, gp, _ = torch.ops.flash_eqlinear.eq_linear_bwd(gg, xx, planes, False, True, False, gemm)
+        debug_env(monkeypatch, weight_grad="gemm" if gemm else "fused")
+        _, gp, _ = torch.ops.flash_eqlinear.eq_linear_bwd(gg, xx, planes, False, True, False)
         errs[gemm] = [rel_l2(gp[i], want[i]) for i in range(4)]
     assert errs[False][1] <= 3 * errs[True][1] + 1e-8, errs
     assert max(errs[False][i] for i in (0, 2, 3)) < 1e-5, errs
@@ -333,8 +333,7 @@ def test_fp32_weight_grad_three_product_cancellation():
 @pytest.mark.parametrize("c, tile", [(64, "small4"), (256, "small4"), (512, "big"), (1024, "big")])
 def test_fp32_tile_by_k(c, tile, monkeypatch):
     # Default rule with a full grid: the four-block small tile up to c = 256, the big one for longer K.
-    monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
-    monkeypatch.delenv("FLASH_EQLINEAR_FP32_TILE", raising=False)
+    debug_env(monkeypatch, narrow="0", fp32_tile=None)
     x, planes, b = make(32768, c, c, torch.float32)
     names = launched_kernels(lambda: torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, b))
     assert ran_tile(names, tile), names
@@ -372,11 +371,11 @@ def test_bitwise_reproducible(shape, dtype):
 # dependent launch on sm_90+ (the Hopper kernel alone and in clusters, the narrow kernel's FFMA and
 # mma.sync variants, the FP32 tiles).
 PDL_CASES = [
-    (torch.float16, 64, {"FLASH_EQLINEAR_SM90_CLUSTER": "1"}, "eq_linear_fwd_sm90_kernel"),
-    (torch.bfloat16, 256, {"FLASH_EQLINEAR_SM90_CLUSTER": "2"}, "eq_linear_fwd_sm90_kernel"),
-    (torch.float16, 16, {"FLASH_EQLINEAR_NARROW": "1"}, "narrow_mma"),
-    (torch.float32, 32, {"FLASH_EQLINEAR_NARROW": "1"}, "eq_linear_fwd_narrow_kernel"),
-    (torch.float32, 64, {"FLASH_EQLINEAR_NARROW": "0"}, "eq_linear_fwd_fp32_kernel"),
+    (torch.float16, 64, {"sm90_cluster": "1"}, "eq_linear_fwd_sm90_kernel"),
+    (torch.bfloat16, 256, {"sm90_cluster": "2"}, "eq_linear_fwd_sm90_kernel"),
+    (torch.float16, 16, {"narrow": "1"}, "narrow_mma"),
+    (torch.float32, 32, {"narrow": "1"}, "eq_linear_fwd_narrow_kernel"),
+    (torch.float32, 64, {"narrow": "0"}, "eq_linear_fwd_fp32_kernel"),
 ]
 
 
@@ -388,8 +387,7 @@ def test_dependent_launches_in_a_chain(dtype, c, switches, kernel, monkeypatch):
     # graph-replayed chains with programmatic dependent launch must equal the chain without it bit for bit.
     if "sm90" in kernel and torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm_90a kernel only")
-    for k, v in switches.items():
-        monkeypatch.setenv(k, v)
+    debug_env(monkeypatch, **switches)
     x, planes, b = make(8192, c, c, dtype, seed=c)
     op = torch.ops.flash_eqlinear.eq_linear_fwd
     planes = planes * 0.5  # keeps 12 layers' outputs in range
@@ -399,9 +397,9 @@ def test_dependent_launches_in_a_chain(dtype, c, switches, kernel, monkeypatch):
             y = op(y, planes, b)
         return y
 
-    monkeypatch.setenv("FLASH_EQLINEAR_PDL", "0")
+    debug_env(monkeypatch, pdl="0")
     want = chain(x)
-    monkeypatch.setenv("FLASH_EQLINEAR_PDL", "1")
+    debug_env(monkeypatch, pdl="1")
     assert any(kernel in n for n in launched_kernels(lambda: chain(x))), kernel
     for _ in range(3):
         assert torch.equal(chain(x), want)
@@ -526,16 +524,16 @@ def test_opcheck(dtype):
 
 @pytest.mark.parametrize("kind", ["fwd", "cast", "xf"])
 def test_eager_function_matches_registered_op(kind):
-    """Eager calls of flash_eq_linear run the ops through ops._call (an autograd.Function below the
+    """Eager calls of flash_eq_linear run the ops through _registry.call (an autograd.Function below the
     autograd key, or no autograd at all where nothing needs a gradient); torch.compile and direct calls
     use the op's registered autograd kernel. Same outputs and gradients, bit for bit."""
-    from flash_eqlinear import ops
+    from flash_eqlinear import _registry
 
     x, planes, b = make(67, 48, 40, torch.bfloat16, seed=5)
     if kind == "cast":  # an FP32 x, rounded in the op, grad_x in FP32
         x = x.float() + torch.randn_like(x, dtype=torch.float32) * 1e-3
     gy = torch.randn(67, 160, device=DEV).to(torch.bfloat16)
-    op = ops._EAGER[kind][0]
+    op = _registry.EAGER[kind][0]
 
     def run(fn):
         args = [t.detach().clone().requires_grad_() for t in (x, planes, b)]
@@ -544,10 +542,10 @@ def test_eager_function_matches_registered_op(kind):
         y.backward(gy)
         return [y.detach()] + [a.grad for a in args]
 
-    for got, want in zip(run(lambda *a: ops._call(kind, *a)), run(op), strict=True):
+    for got, want in zip(run(lambda *a: _registry.call(kind, *a)), run(op), strict=True):
         assert got.dtype == want.dtype and torch.equal(got, want)
     with torch.no_grad():  # below the autograd key
-        y = ops._call(kind, x, planes, b)
+        y = _registry.call(kind, x, planes, b)
     assert torch.equal(y[0] if isinstance(y, tuple) else y, run(op)[0])
 
 
@@ -597,11 +595,11 @@ def test_compiled_ops_take_any_layout(M, c, d):
 
     def views(xt, gyt, p):
         y = ops.eq_linear_fwd((xt * 2).t(), p.transpose(1, 2).contiguous().transpose(1, 2), bias)
-        return y, ops.eq_linear_bwd((gyt + 1).t(), (xt * 2).t(), p, True, True, True, False)
+        return y, ops.eq_linear_bwd((gyt + 1).t(), (xt * 2).t(), p, True, True, True)
 
     got = torch.compile(views, fullgraph=True)(x.t().contiguous(), gy.t().contiguous(), planes)
     y = ops.eq_linear_fwd(x * 2, planes, b)
-    want = (y, ops.eq_linear_bwd(gy + 1, x * 2, planes, True, True, True, False))
+    want = (y, ops.eq_linear_bwd(gy + 1, x * 2, planes, True, True, True))
     assert all(torch.equal(g, w) for g, w in zip((got[0], *got[1]), (want[0], *want[1]), strict=True))
 
 
@@ -622,9 +620,7 @@ def test_torch_export(dtype, tmp_path):
 
 @pytest.mark.parametrize("mode", ["fused", "gemm"])
 def test_torch_compile_training_step_matches_eager(mode, monkeypatch):
-    from flash_eqlinear import ops
-
-    monkeypatch.setattr(ops, "WEIGHT_GRAD", mode)
+    debug_env(monkeypatch, weight_grad=mode)
     torch.manual_seed(0)
     layers = [fe.FlashEQLinear(256, 512), torch.nn.GELU(), fe.FlashEQLinear(512, 128)]
     eager = torch.nn.Sequential(*layers).to(DEV)
@@ -687,9 +683,7 @@ def test_gradients_against_fp64(which, M, c, d, dtype, mode, monkeypatch):
     # grad_x runs the fused forward kernel on the adjoint planes, grad_planes / grad_bias the
     # weight-gradient method `mode`. Each gradient is compared with float64 autograd of the naive
     # layer, relative to the error of F.linear's matching gradient.
-    from flash_eqlinear import ops
-
-    monkeypatch.setattr(ops, "WEIGHT_GRAD", mode)
+    debug_env(monkeypatch, weight_grad=mode)
     k = ["grad_x", "grad_planes", "grad_bias"].index(which)
     x, planes, b = make(M, c, d, dtype, seed=M + c + d)
     g = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
@@ -710,15 +704,11 @@ def test_gradients_against_fp64(which, M, c, d, dtype, mode, monkeypatch):
 )
 def test_fwd_products_forms(M, c, d, dtype, sm90, form, monkeypatch):
     # fp16 / bf16 forward by the fused kernels or by the GEMM form (group DFT, cuBLAS GEMMs with FP32
-    # products, inverse DFT + bias): forced by FLASH_EQLINEAR_PRODUCTS, or by default for layers with
-    # c * d >= 2^18 where the Hopper kernel does not run. Within 2x F.linear's error against float64;
+    # products, inverse DFT + bias): forced by FLASH_EQLINEAR_DEBUG=products=..., or by default for layers
+    # with c * d >= 2^18 where the Hopper kernel does not run. Within 2x F.linear's error against float64;
     # the profiler shows which form ran.
     monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1" if sm90 else "0")
-    monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")
-    if form == "auto":
-        monkeypatch.delenv("FLASH_EQLINEAR_PRODUCTS", raising=False)
-    else:
-        monkeypatch.setenv("FLASH_EQLINEAR_PRODUCTS", form)
+    debug_env(monkeypatch, narrow="0", products=None if form == "auto" else form)
     x, planes, b = make(M, c, d, dtype, seed=M + c + d)
     op = torch.ops.flash_eqlinear.eq_linear_fwd
     names = launched_kernels(lambda: op(x, planes, b))
@@ -739,14 +729,12 @@ def test_fwd_products_forms(M, c, d, dtype, sm90, form, monkeypatch):
 def test_grad_x_forms(M, c, d, dtype, sm90, form, monkeypatch):
     # With the GEMM-form weight gradient, fp16 / bf16 grad_x comes from a fused kernel (the Hopper one
     # where it runs) or from grad_y's Fourier planes through cuBLAS GEMMs with FP32 products and the
-    # inverse-DFT pass (FLASH_EQLINEAR_PRODUCTS=gemm; by default wherever the Hopper kernel does not
-    # run, and for the largest layers). All three gradients within 2x F.linear's error against
+    # inverse-DFT pass (FLASH_EQLINEAR_DEBUG=products=gemm; by default wherever the Hopper kernel does
+    # not run, and for the largest layers). All three gradients within 2x F.linear's error against
     # float64; the profiler shows which grad_x ran.
-    from flash_eqlinear import ops
-
-    monkeypatch.setattr(ops, "WEIGHT_GRAD", "gemm")
+    debug_env(monkeypatch, weight_grad="gemm")
     monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1" if sm90 else "0")
-    monkeypatch.setenv("FLASH_EQLINEAR_PRODUCTS", form)
+    debug_env(monkeypatch, products=form)
     x, planes, b = make(M, c, d, dtype, seed=M + c + d)
     g = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
     leaves = [t.detach().clone().requires_grad_() for t in (x, planes, b)]
@@ -764,7 +752,7 @@ def test_grad_x_forms(M, c, d, dtype, sm90, form, monkeypatch):
 
 def gemm_form_chunks(M, row_bytes, mb):
     """Row chunks of a GEMM-form pass with row_bytes of workspace per row under a cap of mb MB: chunks
-    of a multiple of 128 rows, at least 1024 (as eq_linear_bindings.cpp's gemm_form_chunk_rows)."""
+    of a multiple of 128 rows, at least 1024 (as eq_linear_host.cpp's gemm_form_chunk_rows)."""
     rows = max(1024, (mb << 20) // row_bytes // 128 * 128)
     return -(-M // rows)
 
@@ -773,14 +761,12 @@ def gemm_form_chunks(M, row_bytes, mb):
 @pytest.mark.parametrize("M, c, d", [(3000, 512, 512), (2000, 264, 1000)])
 def test_gemm_forms_in_row_chunks(M, c, d, dtype, allow_tf32, monkeypatch):
     # The GEMM forms' passes over rows (the inference forward; grad_x from grad_y's planes) run in
-    # chunks whose workspace stays under FLASH_EQLINEAR_WORKSPACE_MB where 1024 rows fit in it (8 MB:
-    # the 1024-row minimum; 20 MB: 1280-2560-row chunks; 16-bit with the GEMM form forced, FP32 with
+    # chunks whose workspace stays under FLASH_EQLINEAR_DEBUG=workspace_mb=... where 1024 rows fit in it
+    # (8 MB: the 1024-row minimum; 20 MB: 1280-2560-row chunks; 16-bit with the GEMM form forced, FP32 with
     # TF32). The chunk counts as computed; forward and all three gradients within 2x F.linear's error
     # (TF32: or 2^-11) against float64, as unchunked; a bad setting raises.
-    from flash_eqlinear import ops
-
-    monkeypatch.setattr(ops, "WEIGHT_GRAD", "gemm")
-    monkeypatch.setenv("FLASH_EQLINEAR_PRODUCTS", "gemm")
+    debug_env(monkeypatch, weight_grad="gemm")
+    debug_env(monkeypatch, products="gemm")
     monkeypatch.setenv("FLASH_EQLINEAR_SM90", "0")  # TF32: the GEMM form, not the fused kernel
     x, planes, b = make(M, c, d, dtype, seed=M + c)
     g = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
@@ -789,7 +775,7 @@ def test_gemm_forms_in_row_chunks(M, c, d, dtype, allow_tf32, monkeypatch):
     ref, w = fp64_reference(x, planes, b)
     lin = F.linear(x, reference.dense_weight(w).to(dtype), b.repeat_interleave(4))
     for mb in (8, 20, 100000):
-        monkeypatch.setenv("FLASH_EQLINEAR_WORKSPACE_MB", str(mb))
+        debug_env(monkeypatch, workspace_mb=mb)
         names = launched_kernels(lambda: op(x, planes, b))
         want = gemm_form_chunks(M, 4 * (c * x.element_size() + 4 * d), mb)
         assert sum("group_idft" in n for n in names) == want, (mb, want, names)
@@ -800,8 +786,8 @@ def test_gemm_forms_in_row_chunks(M, c, d, dtype, allow_tf32, monkeypatch):
             assert sum("group_idft" in n for n in names) == gemm_form_chunks(M, 16 * c, mb), (mb, names)
         assert rel_l2(y, ref) <= 2 * max(rel_l2(lin, ref), floor), (rel_l2(y, ref), rel_l2(lin, ref))
         check_grads([t.grad for t in leaves], x, planes, b, g, dtype, floor)
-    monkeypatch.setenv("FLASH_EQLINEAR_WORKSPACE_MB", "lots")
-    with pytest.raises(RuntimeError, match="FLASH_EQLINEAR_WORKSPACE_MB"):
+    debug_env(monkeypatch, workspace_mb="lots")
+    with pytest.raises(RuntimeError, match="workspace_mb"):
         op(x, planes, b)
 
 
@@ -823,12 +809,10 @@ def test_tf32_path(M, c, d, mode, sm90, allow_tf32, monkeypatch):
     # tensor cores (the fused Hopper kernel where it applies: c % 4 == 0, d even; else group DFT +
     # cuBLAS TF32 GEMMs + inverse DFT), the weight gradient by `mode`. Each output within 2x of
     # F.linear's own TF32 error, or of TF32's unit roundoff 2^-11.
-    from flash_eqlinear import ops
-
-    monkeypatch.setattr(ops, "WEIGHT_GRAD", mode)
+    debug_env(monkeypatch, weight_grad=mode)
     if not sm90:
         monkeypatch.setenv("FLASH_EQLINEAR_SM90", "0")
-    monkeypatch.setenv("FLASH_EQLINEAR_NARROW", "0")  # the narrow kernel is exact FP32, not TF32
+    debug_env(monkeypatch, narrow="0")  # the narrow kernel is exact FP32, not TF32
     x, planes, b = make(M, c, d, torch.float32, seed=M + c)
     g = torch.randn(M, 4 * d, device=DEV)
     leaves = [t.detach().clone().requires_grad_() for t in (x, planes, b)]
@@ -876,9 +860,9 @@ def test_three_product_gemm_form(dtype, sm90, M, c, d, allow_tf32, monkeypatch):
     # fp16 inputs near its range stay finite (random ones, and fR = fI = 2 max |x| that puts s/4 at
     # max |x|), and the two forms differ: the three-product one ran. The cancelling aR alone (y0
     # without bias, P0 and P2) within 3x of the four-product form's error. The inference form runs in
-    # row chunks (FLASH_EQLINEAR_WORKSPACE_MB = 64: the last two shapes take the 1024-row minimum, three
-    # chunks of 1024, 1024 and 952 rows).
-    monkeypatch.setenv("FLASH_EQLINEAR_WORKSPACE_MB", "64")
+    # row chunks (FLASH_EQLINEAR_DEBUG=workspace_mb=64: the last two shapes take the 1024-row minimum,
+    # three chunks of 1024, 1024 and 952 rows).
+    debug_env(monkeypatch, workspace_mb="64")
     if not sm90:
         monkeypatch.setenv("FLASH_EQLINEAR_SM90", "0")
     x, planes, b = make(M, c, d, dtype, seed=c + d)
@@ -1018,10 +1002,10 @@ def test_weight_grad_mode_on_hopper(c, d, mode, monkeypatch):
         pytest.skip("the Hopper dispatch only")
     from flash_eqlinear import ops
 
-    monkeypatch.setattr(ops, "WEIGHT_GRAD", "auto")
+    debug_env(monkeypatch, weight_grad="auto")
     monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1")
     for dtype in (torch.float16, torch.bfloat16):
-        assert ops.weight_grad_mode(c, d, dtype) == mode
+        assert ops.plan(0, c, d, dtype, DEV, needs_p=True)["weight_grad"] == mode
 
 
 # Shapes of the Hopper weight-gradient kernel (c, d even): ragged tiles (c % 64, d % 128), c < 64, several
@@ -1037,11 +1021,11 @@ SM90_WEIGHT_GRAD_SHAPES += [(25216, 192, 576), (25216, 768, 192)]
 @pytest.mark.parametrize("M, c, d", SM90_WEIGHT_GRAD_SHAPES)
 def test_fused_weight_grad_each_path(M, c, d, dtype, path, monkeypatch):
     # FLASH_EQLINEAR_SM90=0 forces the mma.sync kernel where the Hopper one would run, and
-    # FLASH_EQLINEAR_WGRAD_SWAP the Hopper kernel's operand roles (x as the A operand: the template's
-    # second argument); all meet check_fused_weight_grad's criteria, and the profiler's kernel names say
-    # which one ran.
+    # FLASH_EQLINEAR_DEBUG=wgrad_swap=... the Hopper kernel's operand roles (x as the A operand: the
+    # template's second argument); all meet check_fused_weight_grad's criteria, and the profiler's kernel
+    # names say which one ran.
     monkeypatch.setenv("FLASH_EQLINEAR_SM90", "0" if path == "portable" else "1")
-    monkeypatch.setenv("FLASH_EQLINEAR_WGRAD_SWAP", "1" if path == "sm90-swapped" else "0")
+    debug_env(monkeypatch, wgrad_swap="1" if path == "sm90-swapped" else "0")
     check_fused_weight_grad(M, c, d, dtype)
     x, gy = torch.randn(M, 4 * c, device=DEV, dtype=dtype), torch.randn(M, 4 * d, device=DEV, dtype=dtype)
     names = launched_kernels(lambda: torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy))
@@ -1055,14 +1039,16 @@ def test_fused_weight_grad_each_path(M, c, d, dtype, path, monkeypatch):
 @pytest.mark.parametrize("M, c, d", [(25216, 192, 576), (25216, 192, 192), (20000, 64, 258)])
 def test_weight_grad_last_tile_split(M, c, d, r, monkeypatch):
     """Where the Hopper kernel's last o tile is at most 64 channels wide it may take fewer, longer row chunks
-    than the other tiles (split_last_tile; FLASH_EQLINEAR_WGRAD_HALF_R is the time ratio it assumes: at 0.5
-    the H100 plans of these shapes split it, at 1 they stay uniform): correct and deterministic either way,
-    in the weight-gradient op and in the whole backward (whose reduce kernel also makes grad_x's planes)."""
-    monkeypatch.setenv("FLASH_EQLINEAR_WGRAD_HALF_R", r)
+    than the other tiles (split_last_tile; FLASH_EQLINEAR_DEBUG=wgrad_half_r=... is the time ratio it assumes:
+    at 0.5 the H100 plans of these shapes split it, at 1 they stay uniform): correct and deterministic either
+    way, in the weight-gradient op and in the whole backward (fused weight gradient forced; its reduce kernel
+    also makes grad_x's planes)."""
+    debug_env(monkeypatch, wgrad_half_r=r)
     check_fused_weight_grad(M, c, d, torch.bfloat16)
     x, planes, _ = make(M, c, d, torch.bfloat16, seed=5)
     gy = torch.randn(M, 4 * d, device=DEV, dtype=torch.bfloat16)
-    gx, gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd(gy, x, planes, True, True, True, False)
+    debug_env(monkeypatch, weight_grad="fused")
+    gx, gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd(gy, x, planes, True, True, True)
     want = torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy)
     assert torch.equal(gp, want[0]) and torch.equal(gb, want[1])
     assert torch.equal(gx, torch.ops.flash_eqlinear.eq_linear_fwd(gy, reference.adjoint_planes(planes), None))
@@ -1077,7 +1063,7 @@ def test_weight_grad_roles_by_default(c, d, swapped, monkeypatch):
     (ViT-B's fc2: d = 192, c = 768), and only there."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Hopper kernel runs on compute capability 9.x")
-    monkeypatch.delenv("FLASH_EQLINEAR_WGRAD_SWAP", raising=False)
+    debug_env(monkeypatch, wgrad_swap=None)
     x = torch.randn(256, 4 * c, device=DEV, dtype=torch.bfloat16)
     gy = torch.randn(256, 4 * d, device=DEV, dtype=torch.bfloat16)
     names = launched_kernels(lambda: torch.ops.flash_eqlinear.eq_linear_bwd_weight(x, gy))
@@ -1133,13 +1119,14 @@ def test_group_dft_planes(M, n, input, dtype):
 @pytest.mark.parametrize("gemm", [False, True])
 @pytest.mark.parametrize("needs", [(1, 1, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1)])
 @pytest.mark.parametrize("M, c, d", [(301, 24, 40), (7, 1, 5), (7, 3, 1)])
-def test_backward_op(M, c, d, dtype, gemm, needs):
+def test_backward_op(M, c, d, dtype, gemm, needs, monkeypatch):
     # The one-call backward: each requested gradient against float64, empty (0,) tensors otherwise;
     # the planes are left as they were (c = 1 or d = 1: the adjoint must be a copy, not a view).
+    debug_env(monkeypatch, weight_grad="gemm" if gemm else "fused")
     x, planes, _ = make(M, c, d, dtype)
     gy = torch.randn(M, 4 * d, device=DEV, dtype=dtype)
     needs = tuple(map(bool, needs))
-    args = (gy, x, planes, *needs, gemm)
+    args = (gy, x, planes, *needs)
     want = reference.fourier_eq_linear_backward(gy.double(), x.double(), planes.double())
     before = planes.clone()
     got = torch.ops.flash_eqlinear.eq_linear_bwd(*args)
@@ -1149,7 +1136,7 @@ def test_backward_op(M, c, d, dtype, gemm, needs):
         assert (g.shape == w.shape and rel_l2(g, w) < tol) if need else g.numel() == 0
     torch.library.opcheck(torch.ops.flash_eqlinear.eq_linear_bwd.default, args)
     with pytest.raises(RuntimeError, match="eq_linear_bwd"):
-        torch.ops.flash_eqlinear.eq_linear_bwd(gy[:, :-4], x, planes, *needs, gemm)
+        torch.ops.flash_eqlinear.eq_linear_bwd(gy[:, :-4], x, planes, *needs)
 
 
 def test_fused_weight_grad_in_autograd():
@@ -1178,17 +1165,12 @@ def test_fused_weight_grad_in_autograd():
 def test_training_forward_keeps_planes(M, c, d, rule, dtype, sm90, monkeypatch):
     # fp16 / bf16 training forwards with the GEMM-form weight gradient keep x's Fourier planes instead
     # of x (written by the Hopper kernel, or made by the GEMM form: by default where the Hopper kernel
-    # does not run from c * d >= 2^18, on Hopper from 2^22; always with FLASH_EQLINEAR_PRODUCTS=gemm),
+    # does not run from c * d >= 2^18, on Hopper from 2^22; always with FLASH_EQLINEAR_DEBUG=products=gemm),
     # and the backward makes no group DFT of x (on Hopper none of grad_y either: grad_x's kernel writes
     # its planes). The output and all three gradients within 2x F.linear's error against float64.
-    from flash_eqlinear import ops
-
-    monkeypatch.setattr(ops, "WEIGHT_GRAD", "gemm")
+    debug_env(monkeypatch, weight_grad="gemm")
     monkeypatch.setenv("FLASH_EQLINEAR_SM90", "1" if sm90 else "0")
-    if rule == "auto":
-        monkeypatch.delenv("FLASH_EQLINEAR_PRODUCTS", raising=False)
-    else:
-        monkeypatch.setenv("FLASH_EQLINEAR_PRODUCTS", rule)
+    debug_env(monkeypatch, products=None if rule == "auto" else rule)
     hopper = sm90 and torch.cuda.get_device_capability()[0] == 9
     keeps = rule == "gemm" or hopper or c * d >= 2**18
     x, planes, b = make(M, c, d, dtype, seed=M + c + d)
@@ -1209,7 +1191,7 @@ def test_training_forward_keeps_planes(M, c, d, rule, dtype, sm90, monkeypatch):
 def test_kept_planes_ops(dtype, monkeypatch):
     # eq_linear_fwd_xf / eq_linear_bwd_xf: opcheck (fake, autograd registration), the planes' layout
     # ([f0 | f2 | fR | fI] / 2 column blocks), and clear errors.
-    from flash_eqlinear.ops import x_from_halved_planes
+    from flash_eqlinear._registry import x_from_halved_planes
 
     x, planes, b = make(37, 40, 16, dtype)
     gy = torch.randn(37, 4 * 16, device=DEV, dtype=dtype)
@@ -1256,10 +1238,8 @@ def test_kept_planes_double_backward(dtype, monkeypatch):
     # create_graph=True through the planes-keeping forward: x is rebuilt from its planes by stock ops
     # and second derivatives reach x through the planes' own gradient. Against float64, no worse than
     # twice the x-saving path's error.
-    from flash_eqlinear import ops
-
-    monkeypatch.setattr(ops, "WEIGHT_GRAD", "gemm")
-    monkeypatch.setenv("FLASH_EQLINEAR_PRODUCTS", "gemm")
+    debug_env(monkeypatch, weight_grad="gemm")
+    debug_env(monkeypatch, products="gemm")
     x, planes, b = make(129, 48, 40, dtype, seed=5)
     gy = torch.randn(129, 4 * 40, device=DEV)
 
@@ -1274,7 +1254,7 @@ def test_kept_planes_double_backward(dtype, monkeypatch):
 
     flash = lambda x, p, b: fe.flash_eq_linear(x, p, b, 4)  # noqa: E731
     kept = second_order(x, planes, b, flash)
-    monkeypatch.setenv("FLASH_EQLINEAR_KEEP_PLANES", "0")
+    debug_env(monkeypatch, keep_planes="0")
     saved = second_order(x, planes, b, flash)
     ref = second_order(
         x.double(), planes.double(), b.double(), lambda x, p, b: reference.fourier_eq_linear(x, p, b, 4)
@@ -1285,10 +1265,8 @@ def test_kept_planes_double_backward(dtype, monkeypatch):
 
 def test_kept_planes_compiled_training_step(monkeypatch):
     # torch.compile of a bf16 training step through the planes-keeping forward matches eager.
-    from flash_eqlinear import ops
-
-    monkeypatch.setattr(ops, "WEIGHT_GRAD", "gemm")
-    monkeypatch.setenv("FLASH_EQLINEAR_PRODUCTS", "gemm")
+    debug_env(monkeypatch, weight_grad="gemm")
+    debug_env(monkeypatch, products="gemm")
     torch.manual_seed(0)
     layers = [fe.FlashEQLinear(256, 512), torch.nn.GELU(), fe.FlashEQLinear(512, 128)]
     eager = torch.nn.Sequential(*layers).to(DEV, torch.bfloat16)

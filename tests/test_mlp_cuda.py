@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import rel_l2, require_cuda_kernels
+from conftest import debug_env, rel_l2, require_cuda_kernels
 
 import flash_eqlinear as fe
 from flash_eqlinear import reference
@@ -93,7 +93,7 @@ def test_mlp_fused_equals_unfused(M, c, h, d, dtype, sm90, monkeypatch):
     inputs = make(M, c, h, d, dtype, seed=1)
     with torch.no_grad():
         y = fe.flash_eq_mlp(*inputs)
-        monkeypatch.setenv("FLASH_EQLINEAR_FUSED_MLP", "0")
+        debug_env(monkeypatch, fused_mlp="0")
         yu = fe.flash_eq_mlp(*inputs)
     assert rel_l2(y, yu) <= ROUNDOFF[dtype] / 4, rel_l2(y, yu)
 
@@ -113,7 +113,7 @@ def test_mlp_tf32(M, c, h, d, allow_tf32, monkeypatch):
         y = fe.flash_eq_mlp(*inputs)
         y64 = dense_mlp(*[t.double() for t in inputs], torch.float64)
         assert rel_l2(y, y64) <= 3 * rel_l2(dense_mlp(*inputs, torch.float32), y64)
-        monkeypatch.setenv("FLASH_EQLINEAR_FUSED_MLP", "0")
+        debug_env(monkeypatch, fused_mlp="0")
         assert rel_l2(y, fe.flash_eq_mlp(*inputs)) <= 1e-6
 
 
@@ -142,7 +142,7 @@ def test_mlp_fusion_leaves_no_gelu_pass(dtype, kernel, monkeypatch):
     fused = kernels()
     assert not [k for k in fused if "gelu" in k], fused
     assert sum(f"eq_linear_fwd_{kernel}" in k for k in fused) == 2, fused
-    monkeypatch.setenv("FLASH_EQLINEAR_FUSED_MLP", "0")
+    debug_env(monkeypatch, fused_mlp="0")
     assert sum("gelu" in k for k in kernels()) == 1
 
 
