@@ -61,6 +61,19 @@ const Ops& ops() {
   return o;
 }
 
+// An int of a shape, specialized where it is symbolic (under tracing: the planes' sizes, x's last dimension).
+int64_t concrete(const c10::SymInt& v) { return v.guard_int(__FILE__, __LINE__); }
+
+// Sizes as Python prints them (symbolic ones as "?").
+std::string sym_shape(c10::SymIntArrayRef sizes) {
+  std::string s = "(";
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const auto v = sizes[i].maybe_as_int();
+    s += (i ? ", " : "") + (v ? std::to_string(*v) : std::string("?"));
+  }
+  return s + (sizes.size() == 1 ? ",)" : ")");
+}
+
 // A dtype as Python prints it (the layer's messages read as flash_eqlinear.reference.check_inputs's).
 std::string py_dtype(at::ScalarType t) {
   switch (t) {
@@ -80,13 +93,14 @@ std::pair<int64_t, int64_t> check_layer_args(const at::Tensor& x, const at::Tens
   TORCH_CHECK_TYPE(x.is_floating_point(), "input must be a floating-point tensor, got dtype ", py_dtype(x.scalar_type()));
   TORCH_CHECK_TYPE(planes.is_floating_point(), "weight must be a floating-point tensor, got dtype ",
                    py_dtype(planes.scalar_type()));
-  TORCH_CHECK_VALUE(planes.dim() == 3, "weight must have shape (T, d, c), got ", shape(planes.sizes()));
-  TORCH_CHECK_VALUE(planes.size(0) == 4, "weight ", shape(planes.sizes()), " holds group size ", num(planes.size(0)),
+  TORCH_CHECK_VALUE(planes.dim() == 3, "weight must have shape (T, d, c), got ", sym_shape(planes.sym_sizes()));
+  const int64_t T = concrete(planes.sym_size(0)), d = concrete(planes.sym_size(1)), c = concrete(planes.sym_size(2));
+  TORCH_CHECK_VALUE(T == 4, "weight ", sym_shape(planes.sym_sizes()), " holds group size ", num(T),
                     " but group_size=4 (planes weights are (T, d, c); group-domain ones (d, c, T) convert by "
                     "flash_eqlinear.naive_to_planes)");
-  const int64_t d = planes.size(1), c = planes.size(2);
-  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == 4 * c, "input's last dimension must be in_features = c*T = ",
-                    num(c), "*4 = ", num(4 * c), ", got input of shape ", shape(x.sizes()));
+  TORCH_CHECK_VALUE(x.dim() >= 1 && concrete(x.sym_size(-1)) == 4 * c,
+                    "input's last dimension must be in_features = c*T = ", num(c), "*4 = ", num(4 * c),
+                    ", got input of shape ", sym_shape(x.sym_sizes()));
   const auto low = planes.scalar_type();
   const bool rounded = x_rounded && x.scalar_type() == at::kFloat && (low == at::kHalf || low == at::kBFloat16);
   TORCH_CHECK(x.scalar_type() == low || rounded, "input dtype ", py_dtype(x.scalar_type()),
@@ -94,8 +108,8 @@ std::pair<int64_t, int64_t> check_layer_args(const at::Tensor& x, const at::Tens
   TORCH_CHECK(x.device() == planes.device(), "input is on ", x.device().str(), " but weight is on ",
               planes.device().str());
   if (bias.has_value()) {
-    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == d, "bias must have shape (d,) = (", num(d), ",), got ",
-                      shape(bias->sizes()));
+    TORCH_CHECK_VALUE(bias->dim() == 1 && concrete(bias->sym_size(0)) == d, "bias must have shape (d,) = (", num(d),
+                      ",), got ", sym_shape(bias->sym_sizes()));
     TORCH_CHECK(bias->scalar_type() == low, "bias dtype ", py_dtype(bias->scalar_type()),
                 " does not match weight dtype ", py_dtype(low));
     TORCH_CHECK(bias->device() == planes.device(), "bias is on ", bias->device().str(), " but weight is on ",
@@ -111,9 +125,9 @@ std::pair<int64_t, int64_t> check_layer_args(const at::Tensor& x, const at::Tens
 // the output stay allowed.
 at::Tensor shaped_like_input(const at::Tensor& y, const at::Tensor& x, int64_t d) {
   if (x.dim() == 2) return y;
-  std::vector<int64_t> sizes = x.sizes().vec();
+  std::vector<c10::SymInt> sizes = x.sym_sizes().vec();
   sizes.back() = 4 * d;
-  return at::_unsafe_view(y, sizes);
+  return at::_unsafe_view_symint(y, sizes);
 }
 
 // The adjoint (transpose) of x -> [f0 | f2 | fR | fI] / 2 (eq_linear_fwd_xf's planes of x): a gradient
@@ -131,7 +145,7 @@ class EqLinearFunction : public torch::autograd::Function<EqLinearFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& planes,
                                const OptTensor& bias, int64_t form) {
     const at::AutoDispatchBelowADInplaceOrView below;
-    const int64_t d = planes.size(1), c = planes.size(2);
+    const int64_t d = concrete(planes.sym_size(1)), c = concrete(planes.sym_size(2));
     const at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, 4 * c});
     at::Tensor y, kept;
     if (form == kRoundXForm) {
@@ -144,7 +158,9 @@ class EqLinearFunction : public torch::autograd::Function<EqLinearFunction> {
     }
     ctx->saved_data["form"] = form;
     ctx->saved_data["has_bias"] = bias.has_value();
-    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    ctx->saved_data["x_sizes"] = x.sym_sizes();
+    ctx->saved_data["c"] = c;
+    ctx->saved_data["d"] = d;
     ctx->saved_data["x_dtype"] = x.scalar_type();
     ctx->save_for_backward({form == kPlainForm ? x : kept, planes});
     ctx->set_materialize_grads(false);  // (kept's gradient: undefined unless a double backward reaches it)
@@ -157,11 +173,11 @@ class EqLinearFunction : public torch::autograd::Function<EqLinearFunction> {
     const at::Tensor& planes = saved[1];
     const int64_t form = ctx->saved_data["form"].toInt();
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
+    const std::vector<c10::SymInt> x_sizes = ctx->saved_data["x_sizes"].toSymIntVector();
     const auto x_dtype = ctx->saved_data["x_dtype"].toScalarType();
     const bool needs_x = ctx->needs_input_grad(0), needs_p = ctx->needs_input_grad(1);
     const bool needs_b = has_bias && ctx->needs_input_grad(2);
-    const int64_t d = planes.size(1), c = planes.size(2);
+    const int64_t c = ctx->saved_data["c"].toInt(), d = ctx->saved_data["d"].toInt();
     at::Tensor gx, gp, gb;
     if (grads[0].defined()) {
       const at::Tensor gy = grads[0].reshape({-1, 4 * d});
@@ -179,7 +195,7 @@ class EqLinearFunction : public torch::autograd::Function<EqLinearFunction> {
       const at::Tensor g = form == kRoundXForm ? grads[1].to(at::kFloat) : halved_planes_adjoint(grads[1]);
       gx = gx.defined() ? gx + g.to(gx.scalar_type()) : g;
     }
-    if (needs_x && gx.defined()) gx = gx.view(x_sizes).to(x_dtype);
+    if (needs_x && gx.defined()) gx = gx.view_symint(x_sizes).to(x_dtype);
     return {needs_x ? gx : at::Tensor(), needs_p ? gp : at::Tensor(), needs_b ? gb : at::Tensor(), at::Tensor()};
   }
 };
@@ -205,7 +221,8 @@ at::Tensor eq_linear_autograd(const at::Tensor& x, const at::Tensor& planes, con
   }
   const auto [c, d] = check_layer_args(x, planes, bias, x_rounded);
   LayerQuery q;
-  q.M = x.numel() / (4 * c), q.c = c, q.d = d;
+  const auto numel = x.sym_numel().maybe_as_int();  // (no decision depends on M: 0 where it is symbolic)
+  q.M = numel ? *numel / (4 * c) : 0, q.c = c, q.d = d;
   q.elem = elem_of(planes.scalar_type());
   q.x_fp32 = x.scalar_type() != planes.scalar_type();
   q.sm_major = sm_major_of(x);

@@ -102,7 +102,7 @@ const char* name(GradXPath v) {
 
 FwdChoice plan_forward(const FwdParams& p, Elem elem, int sm_major, bool tf32, std::string* why) {
   const int64_t c = p.c, d = p.d, cd = c * d;
-  const bool f32 = elem == Elem::kFloat;
+  const bool f32 = elem == Elem::kFloat, sm90 = hopper(sm_major);
   if (eq_linear_fwd_narrow_applies(p, f32 ? 4 : 2, f32 && tf32)) {
     note(why, "forward: narrow kernel (c = " + std::to_string(c) + ", d = " + std::to_string(d) + ")");
     return {FwdPath::kNarrow, FwdPath::kNarrow};
@@ -113,11 +113,11 @@ FwdChoice plan_forward(const FwdParams& p, Elem elem, int sm_major, bool tf32, s
       return {FwdPath::kSplitTf32, FwdPath::kSplitTf32};
     }
     if (tf32) {
-      if (cd < kFusedTf32MaxCD && hopper(sm_major)) {
+      if (cd < kFusedTf32MaxCD && sm90) {
         note(why, "forward: TF32 Hopper kernel (TF32 allowed, " + cd_str(c, d) + " < 2^19)");
         return {FwdPath::kTf32Hopper, FwdPath::kTf32Gemm};
       }
-      note(why, "forward: TF32 GEMM form (TF32 allowed, " + cd_str(c, d) + (hopper(sm_major) ? " >= 2^19)" : ", no Hopper kernel)"));
+      note(why, "forward: TF32 GEMM form (TF32 allowed, " + cd_str(c, d) + (sm90 ? " >= 2^19)" : ", no Hopper kernel)"));
       return {FwdPath::kTf32Gemm, FwdPath::kTf32Gemm};
     }
     note(why, "forward: exact FP32 kernel (TF32 not allowed)");
@@ -126,14 +126,14 @@ FwdChoice plan_forward(const FwdParams& p, Elem elem, int sm_major, bool tf32, s
   const Products form = products();
   const bool gemm_size = form == Products::kGemm || (form == Products::kAuto && cd >= kGemmFwdMinCD);
   if (gemm_size) {
-    if (form == Products::kAuto && hopper(sm_major)) {
+    if (form == Products::kAuto && sm90) {
       note(why, "forward: Hopper kernel (" + cd_str(c, d) + " >= 2^18; the GEMM form where it declines)");
       return {FwdPath::kHopper16, FwdPath::kGemm16};
     }
     note(why, "forward: GEMM form (" + (form == Products::kGemm ? std::string("products=gemm") : cd_str(c, d) + " >= 2^18") + ")");
     return {FwdPath::kGemm16, FwdPath::kGemm16};
   }
-  if (hopper(sm_major)) {
+  if (sm90) {
     note(why, "forward: Hopper kernel (the mma.sync kernel where it declines)");
     return {FwdPath::kHopper16, FwdPath::kMma16};
   }
@@ -209,14 +209,15 @@ LayerPlan plan_layer(const LayerQuery& q, std::string* why) {
   plan.fallback = fwd.fallback;
   const bool grads = q.needs_x || q.needs_p || q.needs_b;
   if (!grads) return plan;
-  plan.wgrad = (q.needs_p || q.needs_b) ? plan_weight_grad(q.c, q.d, q.elem, q.sm_major, q.tf32, why)
-                                        : WeightGrad::kNone;
-  // The method decides where x's planes come from; grad_x is planned even where only the bias needs a
-  // gradient (the bwd op computes grad_bias from grad_y's column sums then).
-  const WeightGrad method = plan_weight_grad(q.c, q.d, q.elem, q.sm_major, q.tf32, nullptr);
+  // The method also decides grad_x's path and what the training forward keeps where the weight needs no
+  // gradient of its own.
+  const WeightGrad method =
+      plan_weight_grad(q.c, q.d, q.elem, q.sm_major, q.tf32, (q.needs_p || q.needs_b) ? why : nullptr);
+  plan.wgrad = (q.needs_p || q.needs_b) ? method : WeightGrad::kNone;
+  const Products form = products();
   const bool keep = q.needs_p && keeps_planes(q, method, why);
   const bool parts = q.chunks == 3 && !keep && q.elem != Elem::kFloat && q.d % 192 == 0 && q.c % 8 == 0 &&
-                     hopper(q.sm_major) && products() != Products::kGemm && method == WeightGrad::kFused;
+                     hopper(q.sm_major) && form != Products::kGemm && method == WeightGrad::kFused;
   if (keep) {
     plan.train = TrainForm::kKeepPlanes;
   } else if (parts) {
@@ -232,7 +233,7 @@ LayerPlan plan_layer(const LayerQuery& q, std::string* why) {
     // grad_x: the forward's kernels on the adjoint planes (c and d swapped); for fp16 / bf16 beside the
     // GEMM-form weight gradient, the GEMM form from grad_y's planes unless the Hopper kernel takes it.
     const bool gemm_wgrad = method == WeightGrad::kGemm;
-    const bool may_gemm = gemm_wgrad && q.elem != Elem::kFloat && products() != Products::kFused;
+    const bool may_gemm = gemm_wgrad && q.elem != Elem::kFloat && form != Products::kFused;
     if (may_gemm && !hopper_takes_products(q.c * q.d, q.sm_major)) {
       plan.gradx = GradXPath::kGemm;
       note(why, "grad_x: GEMM form from grad_y's planes (shared with the weight gradient)");

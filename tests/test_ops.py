@@ -164,3 +164,12 @@ def test_fp32_input_stays_fp32_only_on_the_kernels():
     assert reference.check_inputs(x, wc, None, 4, "planes", input_dtype=torch.bfloat16) == (4, 8, 8)
     with pytest.raises(RuntimeError, match="input dtype torch.float16 does not match"):
         reference.check_inputs(x, wc, None, 4, "planes", input_dtype=torch.float16)
+
+
+def test_explain_off_the_fused_kernels():
+    # The plan of a call that does not reach the fused kernels: the pure-PyTorch form it takes.
+    layer = fe.FlashEQLinear(16, 8, group_size=4)
+    x = torch.randn(3, 16)
+    got = fe.explain(layer, x)
+    assert got["backend"] == "reference" and got["form"] in ("fourier", "dense")
+    assert fe.explain(fe.FlashEQLinear(24, 12, group_size=3), torch.randn(2, 24))["backend"] == "reference"
