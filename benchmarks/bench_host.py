@@ -27,6 +27,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -71,6 +72,14 @@ def main(argv=None) -> int:
         help="training rows with autocast's weight-cast cache off (each call casts, as in a training step)",
     )
     ap.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the rows here")
+    ap.add_argument(
+        "--device-rows",
+        type=int,
+        default=0,
+        metavar="M",
+        help="also time single module forwards on the device (CUDA events, no graphs) at M rows, against "
+        "F.linear, for fp16 / bf16 / FP32 at c = 64 and 128 (e.g. 32768)",
+    )
     args = ap.parse_args(argv)
     M, C, D, D3 = args.rows, args.in_features, args.out_features, args.chunks_out_features
     if C % 4 or D % 4 or D3 % 12:
@@ -155,6 +164,8 @@ def main(argv=None) -> int:
                 "ratio_min": ratio_min,
             }
         )
+    if args.device_rows:
+        out += device_rows(args.device_rows)
     if args.json is not None:
         meta = {"gpu": gpu, "torch": torch.__version__, "commit": git_commit()}
         payload = {"environment": meta, "args": {k: str(v) for k, v in vars(args).items()}, "rows": out}
@@ -162,6 +173,41 @@ def main(argv=None) -> int:
         args.json.write_text(json.dumps(payload, indent=1))
         print(f"\nwrote {args.json}")
     return 0
+
+
+def device_rows(M: int, calls: int = 50) -> list[dict]:
+    """Device time of single eager module forwards (eval, no_grad), each call between two CUDA events with
+    no CUDA graph, so that host gaps between launches count: FlashEQLinear(4c, 4c) against F.linear with a
+    dense weight of the same shape, inputs rotated over four buffers (past L2). Prints a table and returns
+    its rows."""
+    rows = []
+    print(f"\ndevice us per single forward call (eval, no_grad), M = {M}, median of {calls}")
+    print("| dtype | c | flash us | F.linear us | speedup |\n|---|---:|---:|---:|---:|")
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for c in (64, 128):
+            flash = fe.FlashEQLinear(4 * c, 4 * c, device="cuda", dtype=dtype).eval()
+            w = torch.randn(4 * c, 4 * c, device="cuda", dtype=dtype) / (4 * c) ** 0.5
+            b = torch.randn(4 * c, device="cuda", dtype=dtype)
+            xs = [torch.randn(M, 4 * c, device="cuda", dtype=dtype) for _ in range(4)]
+            times = {}
+            linear = functools.partial(torch.nn.functional.linear, weight=w, bias=b)
+            for name, fn in (("flash", flash), ("linear", linear)):
+                t = []
+                with torch.no_grad():
+                    for i in range(calls + 5):
+                        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                        start.record()
+                        fn(xs[i % 4])
+                        end.record()
+                        end.synchronize()
+                        if i >= 5:
+                            t.append(start.elapsed_time(end) * 1e3)
+                times[name] = statistics.median(t)
+            speedup = times["linear"] / times["flash"]
+            cells = f"{times['flash']:.1f} | {times['linear']:.1f} | {speedup:.2f}x"
+            print(f"| {str(dtype)[6:]} | {c} | {cells} |")
+            rows.append({"call": f"device forward {dtype} c={c} M={M}", **times, "speedup": speedup})
+    return rows
 
 
 if __name__ == "__main__":
