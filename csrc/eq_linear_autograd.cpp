@@ -39,6 +39,15 @@ struct Ops {
   c10::TypedOperatorHandle<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, bool, bool,
                                    bool)>
       differentiable;
+  c10::TypedOperatorHandle<std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&, const OptTensor&, int64_t,
+                                                   bool)>
+      chunks;
+  c10::TypedOperatorHandle<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&,
+                                                                                      const at::Tensor&, const OptTensor&)>
+      split3;
+  c10::TypedOperatorHandle<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const at::Tensor&, bool, bool, bool, bool)>
+      bwd_split3;
 };
 
 const Ops& ops() {
@@ -56,7 +65,15 @@ const Ops& ops() {
                op("flash_eqlinear::eq_linear_bwd_xf")
                    .typed<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, bool, bool)>(),
                op("flash_eqlinear::eq_linear_grads_differentiable")
-                   .typed<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, bool, bool, bool)>()};
+                   .typed<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, bool, bool, bool)>(),
+               op("flash_eqlinear::eq_linear_chunks")
+                   .typed<std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&, const OptTensor&, int64_t, bool)>(),
+               op("flash_eqlinear::eq_linear_fwd_split3")
+                   .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                                     const OptTensor&)>(),
+               op("flash_eqlinear::eq_linear_bwd_split3")
+                   .typed<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                  const at::Tensor&, bool, bool, bool, bool)>()};
   }();
   return o;
 }
@@ -200,6 +217,84 @@ class EqLinearFunction : public torch::autograd::Function<EqLinearFunction> {
   }
 };
 
+// The training forward in three parts of their own (TrainForm::kParts, flash_eq_linear_chunks' q, k, v):
+// eq_linear_fwd_split3 writes them in place, eq_linear_bwd_split3 reads their gradients where they are.
+class EqLinearPartsFunction : public torch::autograd::Function<EqLinearPartsFunction> {
+ public:
+  // Outputs: the three parts (..., 4d / 3), and x rounded to the planes' dtype where x is FP32 (else empty).
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& planes,
+                               const OptTensor& bias) {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    const int64_t d = concrete(planes.sym_size(1)), c = concrete(planes.sym_size(2));
+    const at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, 4 * c});
+    auto [y0, y1, y2, x_low] = ops().split3.call(x2, planes, bias);
+    const bool rounded = x.scalar_type() != planes.scalar_type();
+    ctx->saved_data["has_bias"] = bias.has_value();
+    ctx->saved_data["rounded"] = rounded;
+    ctx->saved_data["x_sizes"] = x.sym_sizes();
+    ctx->saved_data["c"] = c;
+    ctx->saved_data["d"] = d;
+    ctx->save_for_backward({rounded ? x_low : x, planes});
+    ctx->set_materialize_grads(false);
+    return {shaped_like_input(y0, x, d / 3), shaped_like_input(y1, x, d / 3), shaped_like_input(y2, x, d / 3),
+            x_low};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& t = saved[0];
+    const at::Tensor& planes = saved[1];
+    const bool rounded = ctx->saved_data["rounded"].toBool();
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    const std::vector<c10::SymInt> x_sizes = ctx->saved_data["x_sizes"].toSymIntVector();
+    const int64_t c = ctx->saved_data["c"].toInt(), d = ctx->saved_data["d"].toInt();
+    const bool needs_x = ctx->needs_input_grad(0), needs_p = ctx->needs_input_grad(1);
+    const bool needs_b = has_bias && ctx->needs_input_grad(2);
+    at::Tensor gx, gp, gb;
+    if (grads[0].defined() || grads[1].defined() || grads[2].defined()) {
+      const at::Tensor t2 = t.dim() == 2 ? t : t.reshape({-1, 4 * c});
+      std::vector<at::Tensor> parts;
+      for (int i = 0; i < 3; ++i)
+        parts.push_back(grads[i].defined() ? grads[i].reshape({-1, 4 * d / 3})
+                                           : at::zeros({t2.size(0), 4 * d / 3}, planes.options()));
+      if (at::GradMode::is_enabled()) {  // create_graph=True
+        std::tie(gx, gp, gb) = ops().differentiable.call(at::cat(parts, 1), t2, planes, rounded ? kRoundXForm : kPlainForm,
+                                                         needs_x, needs_p, needs_b);
+      } else {
+        const at::AutoDispatchBelowADInplaceOrView below;
+        std::tie(gx, gp, gb) =
+            ops().bwd_split3.call(parts[0], parts[1], parts[2], t2, planes, needs_x, needs_p, needs_b, rounded);
+      }
+    }
+    if (needs_x && rounded && grads[3].defined()) {  // a double backward reached the rounded x
+      const at::Tensor g = grads[3].to(at::kFloat);
+      gx = gx.defined() ? gx + g : g;
+    }
+    if (needs_x && gx.defined()) gx = gx.view_symint(x_sizes);
+    return {needs_x ? gx : at::Tensor(), needs_p ? gp : at::Tensor(), needs_b ? gb : at::Tensor()};
+  }
+};
+
+// The plan's training form of a call with gradients recorded (needs_*), x checked (c, d).
+TrainForm train_form(const at::Tensor& x, const at::Tensor& planes, int64_t c, int64_t d, bool needs_x,
+                     bool needs_p, bool needs_b, int chunks) {
+  LayerQuery q;
+  const auto numel = x.sym_numel().maybe_as_int();  // (no decision depends on M: 0 where it is symbolic)
+  q.M = numel ? *numel / (4 * c) : 0, q.c = c, q.d = d;
+  q.elem = elem_of(planes.scalar_type());
+  q.x_fp32 = x.scalar_type() != planes.scalar_type();
+  q.sm_major = sm_major_of(x);
+  q.tf32 = tf32_allowed();
+  q.needs_x = needs_x, q.needs_p = needs_p, q.needs_b = needs_b;
+  q.chunks = chunks;
+  return plan_layer(q).train;
+}
+
+void check_chunks(int64_t chunks, int64_t d) {
+  TORCH_CHECK_VALUE(chunks >= 1 && d % chunks == 0, "chunks must be a positive divisor of d = ", num(d),
+                    " (whole fields each), got ", num(chunks));
+}
+
 }  // namespace
 
 // The op's CUDA kernel: the forward without a node (no gradient recorded, or inference mode).
@@ -220,19 +315,20 @@ at::Tensor eq_linear_autograd(const at::Tensor& x, const at::Tensor& planes, con
     return ops().layer.call(x, planes, bias, x_rounded);
   }
   const auto [c, d] = check_layer_args(x, planes, bias, x_rounded);
-  LayerQuery q;
-  const auto numel = x.sym_numel().maybe_as_int();  // (no decision depends on M: 0 where it is symbolic)
-  q.M = numel ? *numel / (4 * c) : 0, q.c = c, q.d = d;
-  q.elem = elem_of(planes.scalar_type());
-  q.x_fp32 = x.scalar_type() != planes.scalar_type();
-  q.sm_major = sm_major_of(x);
-  q.tf32 = tf32_allowed();
-  q.needs_x = needs_x, q.needs_p = needs_p, q.needs_b = needs_b;
-  const TrainForm train = plan_layer(q).train;
+  const TrainForm train = train_form(x, planes, c, d, needs_x, needs_p, needs_b, 0);
   const int64_t form = train == TrainForm::kKeepPlanes ? kKeepPlanesForm
                        : train == TrainForm::kRoundX ? kRoundXForm
                                                      : kPlainForm;
   return EqLinearFunction::apply(x, planes, bias, form)[0];
+}
+
+// x as the autocast kernels pass it on, and whether it stayed FP32 for the op to round (plan_rounds_x).
+std::pair<at::Tensor, bool> autocast_input(const at::Tensor& x, const at::Tensor& planes) {
+  const at::ScalarType cast = at::autocast::get_autocast_dtype(at::kCUDA);
+  const bool keep32 = (cast == at::kHalf || cast == at::kBFloat16) && x.scalar_type() == at::kFloat &&
+                      at::GradMode::is_enabled() && x.requires_grad() && planes.is_floating_point() &&
+                      planes.scalar_type() != at::kDouble && plan_rounds_x();
+  return {keep32 ? x : at::autocast::cached_cast(cast, x, c10::DeviceType::CUDA), keep32};
 }
 
 // The op's autocast kernel: nn.Linear's casts (the cached casts of parameters within an autocast region, as
@@ -240,13 +336,46 @@ at::Tensor eq_linear_autograd(const at::Tensor& x, const at::Tensor& planes, con
 // (plan_rounds_x): same values, and grad_x comes back in FP32 without a cast's backward pass.
 at::Tensor eq_linear_autocast(const at::Tensor& x, const at::Tensor& planes, const OptTensor& bias, bool x_rounded) {
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  const auto [xc, keep32] = autocast_input(x, planes);
   const at::ScalarType cast = at::autocast::get_autocast_dtype(at::kCUDA);
-  const bool keep32 = (cast == at::kHalf || cast == at::kBFloat16) && x.scalar_type() == at::kFloat &&
-                      at::GradMode::is_enabled() && x.requires_grad() && planes.is_floating_point() &&
-                      planes.scalar_type() != at::kDouble && plan_rounds_x();
-  const at::Tensor xc = keep32 ? x : at::autocast::cached_cast(cast, x, c10::DeviceType::CUDA);
   return ops().layer.call(xc, at::autocast::cached_cast(cast, planes, c10::DeviceType::CUDA),
                           at::autocast::cached_cast(cast, bias, c10::DeviceType::CUDA), x_rounded || keep32);
+}
+
+// The chunks op (flash_eq_linear_chunks): the layer's output as `chunks` column blocks of whole fields. Returns
+// the three parts where the plan writes them in place (TrainForm::kParts), else the whole output [y], which
+// the caller chunks into views.
+std::vector<at::Tensor> eq_linear_chunks_cuda(const at::Tensor& x, const at::Tensor& planes, const OptTensor& bias,
+                                              int64_t chunks, bool x_rounded) {
+  check_chunks(chunks, concrete(planes.sym_size(1)));
+  return {eq_linear_cuda(x, planes, bias, x_rounded)};
+}
+
+std::vector<at::Tensor> eq_linear_chunks_autograd(const at::Tensor& x, const at::Tensor& planes, const OptTensor& bias,
+                                                  int64_t chunks, bool x_rounded) {
+  const bool grad = at::GradMode::is_enabled();
+  const bool needs_x = grad && x.requires_grad(), needs_p = grad && planes.requires_grad();
+  const bool needs_b = grad && bias.has_value() && bias->requires_grad();
+  if (!needs_x && !needs_p && !needs_b) {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return ops().chunks.call(x, planes, bias, chunks, x_rounded);
+  }
+  const auto [c, d] = check_layer_args(x, planes, bias, x_rounded);
+  check_chunks(chunks, d);
+  if (chunks == 3 && train_form(x, planes, c, d, needs_x, needs_p, needs_b, 3) == TrainForm::kParts) {
+    const variable_list out = EqLinearPartsFunction::apply(x, planes, bias);
+    return {out[0], out[1], out[2]};
+  }
+  return {eq_linear_autograd(x, planes, bias, x_rounded)};
+}
+
+std::vector<at::Tensor> eq_linear_chunks_autocast(const at::Tensor& x, const at::Tensor& planes, const OptTensor& bias,
+                                                  int64_t chunks, bool x_rounded) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  const auto [xc, keep32] = autocast_input(x, planes);
+  const at::ScalarType cast = at::autocast::get_autocast_dtype(at::kCUDA);
+  return ops().chunks.call(xc, at::autocast::cached_cast(cast, planes, c10::DeviceType::CUDA),
+                           at::autocast::cached_cast(cast, bias, c10::DeviceType::CUDA), chunks, x_rounded || keep32);
 }
 
 std::string eq_linear_plan_op(int64_t M, int64_t c, int64_t d, at::ScalarType dtype, bool x_fp32, at::Device device,

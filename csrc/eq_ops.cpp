@@ -20,6 +20,9 @@ const std::vector<at::Tag> kAnyLayout = {at::Tag::flexible_layout};
 TORCH_LIBRARY(flash_eqlinear, m) {
   // The layer (eq_linear_autograd.cpp): x (..., 4c), its autograd and autocast registered below.
   m.def("eq_linear(Tensor x, Tensor planes, Tensor? bias, bool x_rounded=False) -> Tensor", kAnyLayout);
+  // Its output in column blocks (flash_eq_linear_chunks): the three parts of their own, or [whole output].
+  m.def("eq_linear_chunks(Tensor x, Tensor planes, Tensor? bias, int chunks, bool x_rounded=False) -> Tensor[]",
+        kAnyLayout);
   // Its differentiable gradients (create_graph=True): implemented in Python (flash_eqlinear/_registry.py).
   m.def("eq_linear_grads_differentiable(Tensor grad_y, Tensor saved, Tensor planes, int form, bool needs_x, "
         "bool needs_p, bool needs_b) -> (Tensor, Tensor, Tensor)");
@@ -54,6 +57,7 @@ TORCH_LIBRARY(flash_eqlinear, m) {
 
 TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
   m.impl("eq_linear", &eq_linear_cuda);
+  m.impl("eq_linear_chunks", &eq_linear_chunks_cuda);
   m.impl("eq_linear_fwd", &eq_linear_fwd);
   m.impl("eq_linear_bwd_weight", &eq_linear_bwd_weight);
   m.impl("eq_group_dft", &eq_group_dft_op);
@@ -68,9 +72,15 @@ TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
   m.impl("group_layer_norm_bwd", &group_layer_norm_bwd);
 }
 
-TORCH_LIBRARY_IMPL(flash_eqlinear, Autograd, m) { m.impl("eq_linear", &eq_linear_autograd); }
+TORCH_LIBRARY_IMPL(flash_eqlinear, Autograd, m) {
+  m.impl("eq_linear", &eq_linear_autograd);
+  m.impl("eq_linear_chunks", &eq_linear_chunks_autograd);
+}
 
-TORCH_LIBRARY_IMPL(flash_eqlinear, AutocastCUDA, m) { m.impl("eq_linear", &eq_linear_autocast); }
+TORCH_LIBRARY_IMPL(flash_eqlinear, AutocastCUDA, m) {
+  m.impl("eq_linear", &eq_linear_autocast);
+  m.impl("eq_linear_chunks", &eq_linear_chunks_autocast);
+}
 
 }  // namespace flash_eqlinear
 

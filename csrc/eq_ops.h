@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -59,6 +60,14 @@ at::Tensor eq_linear_autograd(const at::Tensor& x, const at::Tensor& planes, con
                               bool x_rounded);
 at::Tensor eq_linear_autocast(const at::Tensor& x, const at::Tensor& planes, const std::optional<at::Tensor>& bias,
                               bool x_rounded);
+std::vector<at::Tensor> eq_linear_chunks_cuda(const at::Tensor& x, const at::Tensor& planes,
+                                              const std::optional<at::Tensor>& bias, int64_t chunks, bool x_rounded);
+std::vector<at::Tensor> eq_linear_chunks_autograd(const at::Tensor& x, const at::Tensor& planes,
+                                                  const std::optional<at::Tensor>& bias, int64_t chunks,
+                                                  bool x_rounded);
+std::vector<at::Tensor> eq_linear_chunks_autocast(const at::Tensor& x, const at::Tensor& planes,
+                                                  const std::optional<at::Tensor>& bias, int64_t chunks,
+                                                  bool x_rounded);
 // The plan of a call, as explain_layer writes it (flash_eqlinear.explain).
 std::string eq_linear_plan_op(int64_t M, int64_t c, int64_t d, at::ScalarType dtype, bool x_fp32, at::Device device,
                               bool needs_x, bool needs_p, bool needs_b, int64_t chunks);

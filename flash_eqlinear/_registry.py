@@ -369,6 +369,17 @@ def _eq_linear_fake(x, planes, bias, x_rounded=False):
     return x.new_empty((*x.shape[:-1], 4 * d), dtype=planes.dtype)
 
 
+@torch.library.register_fake("flash_eqlinear::eq_linear_chunks")
+def _eq_linear_chunks_fake(x, planes, bias, chunks, x_rounded=False):
+    # Without gradients recorded (where this runs) the op returns the whole output; the caller chunks it.
+    d = planes.shape[1] if planes.dim() == 3 else 0
+    torch._check(
+        chunks >= 1 and d % chunks == 0,
+        lambda: f"chunks must be a positive divisor of d = {d} (whole fields each), got {chunks}",
+    )
+    return [_eq_linear_fake(x, planes, bias, x_rounded)]
+
+
 @torch.library.impl("flash_eqlinear::eq_linear_grads_differentiable", "CompositeImplicitAutograd")
 def _eq_linear_grads_differentiable(grad_y, saved, planes, form, needs_x, needs_p, needs_b):
     """The layer op's gradients under create_graph=True, by differentiable ops. saved: what its node kept,

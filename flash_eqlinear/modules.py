@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from . import reference
 from .fourier import check_group_size, naive_to_planes, planes_to_naive
 from .ops import (
+    _CHUNKS_OP,
     _LAYER_OP,
     _autocast_and_check,
     _autocast_dtype,
@@ -24,6 +25,7 @@ from .ops import (
     autocast_inputs,
     backend_for,
     check_chunks,
+    chunks_of,
     flash_eq_linear,
     flash_eq_linear_chunks,
     reference_form,
@@ -291,6 +293,9 @@ class FlashEQLinear(_EQLinearBase):
         it: for ``chunks == 3`` on the fused kernels, three tensors of their own whose gradients the
         backward reads where they are (an attention's q, k, v); off them, views of :meth:`forward`'s
         output."""
+        if _CHUNKS_OP is not None and self.group_size == 4 and _fused_eager(x) and type(chunks) is int:
+            if not torch._C._is_any_autocast_enabled() or not self._caches():  # (as forward)
+                return chunks_of(_CHUNKS_OP(x, self.weight, self.bias, chunks), chunks)
         if isinstance(x, torch.Tensor) and backend_for(x, self.group_size) == "reference":
             check_chunks(chunks, self.d)
             return self(x).chunk(chunks, -1)

@@ -34,8 +34,9 @@ if kernels_available():
     from ._registry import call
 
     _LAYER_OP = torch.ops.flash_eqlinear.eq_linear.default
+    _CHUNKS_OP = torch.ops.flash_eqlinear.eq_linear_chunks.default
 else:
-    _LAYER_OP = None
+    _LAYER_OP = _CHUNKS_OP = None
 
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
 
@@ -151,6 +152,17 @@ def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torc
     Under ``torch.autocast`` it casts like ``nn.Linear`` (an FP32 x in training as
     :func:`flash_eq_linear` takes it).
     """
+    params = (x, weight1, bias1, weight2, bias2)
+    if _LAYER_OP is not None and group_size == 4 and _fused_eager(x) and torch.is_grad_enabled():
+        if any(isinstance(t, torch.Tensor) and t.requires_grad for t in params):  # training: two layer ops
+            try:
+                hidden = torch.nn.functional.gelu(_LAYER_OP(x, weight1, bias1))
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise _naming(e, "flash_eq_mlp, first layer (x, weight1, bias1)") from None
+            try:
+                return _LAYER_OP(hidden, weight2, bias2)
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise _naming(e, _SECOND_LAYER) from None
     try:
         x, weight1, bias1, _, (T, c, h) = _autocast_and_check(x, weight1, bias1, group_size)
     except (TypeError, ValueError, RuntimeError) as e:
@@ -161,7 +173,7 @@ def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torc
         raise ValueError(
             f"weight2 must have shape (T, d, h) = ({T}, d, {h}) (weight1 is (T, h, c)), got {got}"
         )
-    second = "flash_eq_mlp, second layer (weight2, bias2; its input has weight1's dtype)"
+    second = _SECOND_LAYER
     params = (x, weight1, bias1, weight2, bias2)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
     fused = debug_switch("fused_mlp") != "0"
@@ -178,6 +190,9 @@ def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torc
     hidden = call("gelu", x.reshape(-1, c * T).contiguous(), weight1.contiguous(), bias1)
     y = call("fwd", hidden, weight2.contiguous(), bias2)
     return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+_SECOND_LAYER = "flash_eq_mlp, second layer (weight2, bias2; its input has weight1's dtype)"
 
 
 def _naming(e: Exception, what: str) -> Exception:
@@ -218,9 +233,23 @@ def flash_eq_linear_chunks(
     which autograd would otherwise first assemble into one (..., 3 C) gradient (a pass over it). Elsewhere
     (inference, other ``chunks``, other paths) the chunks are views of the whole output.
     """
+    if _CHUNKS_OP is not None and group_size == 4 and _fused_eager(x):
+        return chunks_of(_CHUNKS_OP(x, weight, bias, _int_chunks(chunks)), chunks)
     x, weight, bias, keep32, (T, c, d) = _autocast_and_check(x, weight, bias, group_size)
     check_chunks(chunks, d)
     return _eq_linear(x, weight, bias, keep32, (T, c, d), chunks)
+
+
+def chunks_of(outs: list, chunks: int) -> tuple:
+    """The chunks op's result as chunks: its parts, or views of its whole output."""
+    return tuple(outs) if len(outs) > 1 else outs[0].chunk(chunks, -1)
+
+
+def _int_chunks(chunks):
+    """chunks where it is an int (the op checks that it divides d), else ValueError."""
+    if isinstance(chunks, bool) or not isinstance(chunks, int):
+        check_chunks(chunks, 1)
+    return chunks
 
 
 def check_chunks(chunks, d: int) -> None:
