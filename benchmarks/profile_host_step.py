@@ -56,7 +56,8 @@ def main(argv=None) -> int:
                 host.append((time.perf_counter() - t0) * 1e3)
         torch.cuda.synchronize()
         print(f"\n== {args.model}-{args.scale} {variant}: host ms per step (under the profiler) {host}")
-        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=70)
+        averages = prof.key_averages()
+        table = averages.table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=70)
         print(table)
         model = step = None
         torch.cuda.empty_cache()
