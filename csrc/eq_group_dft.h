@@ -30,7 +30,7 @@ struct GroupDftParams {
   bool halve = false;      // input = false only: all four planes halved
   bool gauss = false;      // blocks, input = false only: a fifth block, placed third, s/2 with s = fR + fI:
                            // dst (M, 5n) = [f0 | f2 | s/2 | fR | fI], each times 1/2 with halve (the
-                           // forward's three-product complex term: eq_linear_bindings.cpp,
+                           // forward's three-product complex term: eq_linear_host.cpp,
                            // fourier_products_into)
   float* sums = nullptr;   // optional (sum_chunks, n) FP32: row-chunk partial column sums of f0 (the
                            // unrounded x0+x1+x2+x3; for grad_y: grad_bias = sums summed over chunks)

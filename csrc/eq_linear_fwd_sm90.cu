@@ -473,8 +473,8 @@ bool runs_sm90a(int dev) {
 
 bool aligned16(const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; }
 
-// Whether the plain forward runs in clusters of two CTAs sharing x: FLASH_EQLINEAR_SM90_CLUSTER=1 never,
-// =2 wherever there are two n tiles; by default for 16-bit layers with an even count of at least 8 n
+// Whether the plain forward runs in clusters of two CTAs sharing x: FLASH_EQLINEAR_DEBUG sm90_cluster=1
+// never, =2 wherever there are two n tiles; by default for 16-bit layers with an even count of at least 8 n
 // tiles (d > 448). With an odd count the last pair computes a tile past d, and with few n tiles the
 // walk's last wave is coarser: H100, bf16, M = 25216 / 32768, clusters against single CTAs: 3 n tiles
 // 12-14% slower, 9 tiles 5.5% slower, 2 and 4 tiles 0-8% slower; 8, 12, 16 and 32 tiles 0-3.6% faster

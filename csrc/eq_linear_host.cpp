@@ -146,7 +146,8 @@ std::tuple<at::Tensor, at::Tensor> group_dft(const at::Tensor& t, bool input, bo
 // allows TF32 for matmuls (the switch F.linear follows) and the fused Hopper kernel does not apply
 // (other GPUs, FLASH_EQLINEAR_SM90=0, shapes) or is slower (large layers): two extra passes over x-sized
 // and y-sized FP32 buffers (a workspace of 4 M (c + d) floats) buy cuBLAS's TF32 rate for the 6/16 of
-// the dense MACs; and for fp16 / bf16 as products_form says. `what` names the caller in errors.
+// the dense MACs; and for fp16 / bf16 where the plan says (FwdPath::kGemm16). `what` names the caller in
+// errors.
 // With gauss (the inference forward: the planes are not kept), the complex pair as three products
 // (fourier_products_into; planes = gauss_planes of the layer's) and x's planes with a fifth block, (M, 5c).
 at::Tensor fwd_gemm_form(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& bias, at::Tensor& y,
@@ -352,7 +353,7 @@ at::Tensor adjoint_planes(const at::Tensor& planes) {
 // | fI] / 2), else t is x and they are made here ([f0/2 | f2/2 | fR/r2 | fI/r2], group_dft's x layout;
 // only when needs_p). Not-needed outputs stay as passed in.
 // gf_made, g0_sums: grad_y's planes and g0's partial column sums if grad_x's kernel wrote them
-// (grad_x_fused), else undefined; grad_bias then sums g0_sums.
+// (grad_x_hopper_planes), else undefined; grad_bias then sums g0_sums.
 void bwd_from_planes(const at::Tensor& gy, const at::Tensor& gf_made, const at::Tensor& g0_sums,
                      const at::Tensor& t, bool kept,
                      const at::Tensor& planes, bool gx_gemm, bool needs_p, bool needs_b, at::Tensor& gx,

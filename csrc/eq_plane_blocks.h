@@ -1,4 +1,4 @@
-// Small passes over plane-sized tensors for the GEMM forms (eq_linear_bindings.cpp). Each replaces
+// Small passes over plane-sized tensors for the GEMM forms (eq_linear_host.cpp). Each replaces
 // several ATen launches: the host cost per call, which sets the eager timings of mid-size layers.
 //
 // Torch-free: this header and the kernels compile with plain nvcc. Element types by size: 4 (float),

@@ -314,7 +314,7 @@ def call(kind: str, x, weight, bias):
     """One forward op of :func:`flash_eq_linear`, :func:`flash_eq_linear_chunks` or :func:`flash_eq_mlp`
     (``kind``: "fwd", "cast", "xf", "gelu" or "split3"). Eager calls skip the registered autograd kernel's
     Python: below the autograd key where nothing needs a gradient, else the equivalent
-    ``autograd.Function`` (:func:`_eager_function`). Under torch.compile and functorch transforms the
+    ``autograd.Function`` (:func:`eager_function`). Under torch.compile and functorch transforms the
     registered op runs as it is (the same backward)."""
     op, fn = EAGER[kind]
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
