@@ -296,7 +296,6 @@ def _eq_linear(x, weight, bias, keep32: bool, dims: tuple, chunks: int = 0):
     return y.chunk(chunks, -1) if chunks else y
 
 
-@torch.compiler.assume_constant_result
 def _train_form(dtype, x_fp32, c, d, device_index, needs_x, needs_p, needs_b, chunks) -> str:
     """The plan's training form (:func:`plan`'s "train") of a traced, chunked or MLP call (under
     torch.compile, read when traced), kept per arguments and the settings the plan reads."""
@@ -314,6 +313,9 @@ def _train_form(dtype, x_fp32, c, d, device_index, needs_x, needs_p, needs_b, ch
     return form
 
 
+# Dynamo runs it when tracing and keeps its result as a constant: the mark that
+# torch.compiler.assume_constant_result sets, set here directly, since that decorator imports torch._dynamo.
+_train_form._dynamo_marked_constant = True
 _TRAIN_FORMS: dict = {}
 
 
