@@ -144,15 +144,18 @@ def test_selfcheck_cli_runs_on_cpu():
         timeout=120,
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "backend=reference" in res.stdout
-    assert "FlashEQLinear [reference/dense]" in res.stdout  # C = 64: the dense form on the CPU
-    assert "exactness OK" in res.stdout
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("flash-eqlinear on CPU: M = 256 rows, C = D = 64")  # printed first
+    assert "path: pure PyTorch, dense form" in res.stdout  # C = 64: the dense form on the CPU
+    assert "the same dense computation" in res.stdout
+    assert res.stdout.count(" ok") == 4 and "min-max" in res.stdout
+    assert lines[-1].startswith("verdict: checks passed; FlashEQLinear runs at")
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--channels", "510"], "C = 510 (--channels) must be a multiple of --group-size = 4"),
+        (["--channels", "510"], "C = 510 (--channels) must be a multiple of the group size 4"),
         (["--group-size", "0"], "--group-size must be at least 1"),
         (["--rows", "0"], "--rows must be at least 1"),
         (["--device", "foo"], "--device"),
