@@ -80,7 +80,8 @@ def parse_args(argv):
         ap.error(f"--device must be cuda or cpu, got {args.device}")
     C = args.channels or (2048 if device.type == "cuda" else 512)
     if C % args.group_size:
-        ap.error(f"C = {C} (--channels) must be a multiple of the group size {args.group_size} (group-size)")
+        T = args.group_size
+        ap.error(f"C = {C} (--channels) must be a multiple of the group size {T} (--group-size)")
     return args, device, C
 
 
