@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # nvcc on every kernel source: minutes on a small machine
+
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 NVCC = shutil.which("nvcc")
 SOURCES = sorted(CSRC.glob("*.cu"))

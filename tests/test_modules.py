@@ -746,6 +746,7 @@ def test_flash_inference_casts_shared_by_both_forms(gen):
         assert torch.equal(torch.cat([q, k, v], -1), y_small[:, :768]) and layer._cache[2] is kept
 
 
+@pytest.mark.slow
 def test_flash_inference_form_by_rows(gen):
     """With the dense weight kept, few rows take the dense form even where the Fourier form runs per call;
     both exact."""
