@@ -11,7 +11,7 @@ Writes benchmarks/results/weight_grad_<commit>.{json,md}. With --ab NAME=VALUE o
 is timed, with and without that switch in alternating rounds (weight_grad_ab_<name>_<commit>.json; NAME one of
 FLASH_EQLINEAR_DEBUG's names, e.g. wgrad_swap, or a variable of its own, e.g. FLASH_EQLINEAR_SM90). With
 --fused-only only the fused weight gradient, one line per shape ("<dtype> <shape> <us> us"), nothing written:
-what benchmarks/ab_builds.sh compares across builds.
+what benchmarks/dev/ab_builds.sh compares across builds.
 """
 
 from __future__ import annotations

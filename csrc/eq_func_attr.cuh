@@ -1,8 +1,8 @@
 // Per-kernel launch properties, cached per kernel and device. The largest dynamic shared memory a kernel may
-// launch with (cudaFuncAttributeMaxDynamicSharedMemorySize), set
-// once per kernel and device: cudaFuncSetAttribute costs ~3 us of host time, and the launchers, which set it
-// before each launch, made ~150 such calls per eager EQ-ViT-B training step. The attribute is a maximum and stays
-// set in the device's context, so a kernel's largest size so far is kept and only a larger one is set again.
+// launch with (cudaFuncAttributeMaxDynamicSharedMemorySize), set once per kernel and device: each
+// cudaFuncSetAttribute call costs host time, and setting it before every launch made many such calls per eager
+// training step (measurements: docs/kernels.md, Launch attributes). The attribute is a maximum and stays set in
+// the device's context, so a kernel's largest size so far is kept and only a larger one is set again.
 #pragma once
 
 #include <map>

@@ -7,12 +7,12 @@
 // The complex pair (g times conj f) is taken as three real products (Gauss), k1 = sum (gR + gI) fR,
 // k2 = -sum gR (fR + fI), k3 = sum gI (fR - fI), PR = k1 - k3, PI = k1 + k2: 5 FFMA per (m, o, ci)
 // instead of 6, for five operand planes per side, A = (g0, gR, gI, g2, gR + gI) and
-// B = (f0, fR, -(fR + fI), f2, fR - fI), and five accumulator sets (H100, M = 32768, c = d = 512 /
-// 1024 / 2048: 7.3% / 7.8% / 7.3% less time than the four-product form, relative error the same to
-// two digits). Both operands are contiguous along channels for a fixed row, so a k tile of BK rows
-// is loaded as one float4 (the 4 group copies) per (row, channel) and staged into shared memory as
-// [5][BK][BD] and [5][BK][BC] with the DFT applied on the way: m is already the outer index, so
-// nothing is transposed and consecutive lanes store consecutive floats (no padding).
+// B = (f0, fR, -(fR + fI), f2, fR - fI), and five accumulator sets (less time than the four-product
+// form, the same relative error: docs/kernels.md, Exact FP32 weight gradient). Both operands are
+// contiguous along channels for a fixed row, so a k tile of BK rows is loaded as one float4 (the 4
+// group copies) per (row, channel) and staged into shared memory as [5][BK][BD] and [5][BK][BC] with
+// the DFT applied on the way: m is already the outer index, so nothing is transposed and consecutive
+// lanes store consecutive floats (no padding).
 //
 // Tiling (TileCfg): WM x WN warps of 4 x 8 lanes; a lane owns TM output channels x TN input
 // channels as float4 groups (o = o0 + 16q + 0..3, ci = c0 + 32q + 0..3), 5 * TM * TN accumulators.

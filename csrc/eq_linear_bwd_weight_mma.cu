@@ -341,9 +341,9 @@ cudaError_t device_info(int device, DeviceInfo& info) {
 bool use_bk32(const DeviceInfo& info) { return info.smem_optin >= WCfg32::kSmem; }
 
 // A half-width last o tile's time per row against a full tile's (split_last_tile). FLASH_EQLINEAR_DEBUG wgrad_half_r
-// overrides it (read at each call; for tuning). H100, bf16, us, uniform -> split (benchmarks/README.md, v25):
-// ViT-B qkv 129.4 -> 119.4 (9 / 8 chunks at 0.5 .. 0.85); proj 57.9 -> 59.7 at 0.7 (26 / 18), 56.8 at 0.85
-// (24 / 20), 66.4 at 0.5: the half tile takes more than 0.7 of a full one's time there.
+// overrides it (read at each call; for tuning). The half tile takes more than 0.7 of a full one's time: at 0.7 and
+// below ViT-B's proj ran slower than with the uniform plan, at 0.85 not, while qkv gained at 0.5 .. 0.85
+// (measurements: docs/kernels.md, Weight gradient split plan).
 double half_tile_time() {
   const char* v = debug_switch("wgrad_half_r");
   return v != nullptr ? std::atof(v) : 0.85;

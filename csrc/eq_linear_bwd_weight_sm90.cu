@@ -29,17 +29,17 @@
 //     stores) before "ready".
 //   warpgroups 1 and 2: the consumers (o rows 0-63, 64-127). setmaxnreg: 56 / 224 (56 x 128 + 224 x 256
 //     = the 168 x 384 registers the block starts with).
-// Separate rings measured 2-5% faster at the layers this kernel takes than one 3-stage ring of all
-// three (benchmarks/README.md, v16).
+// Separate rings measured faster at the layers this kernel takes than one 3-stage ring of all
+// three (docs/kernels.md, Hopper weight gradient).
 //
 // Swapped roles (kSwap): x takes grad_y's place as the A operand (its transform in registers, tiles of
 // 128 input channels) and grad_y takes x's (transformed in shared memory, tiles of 64 output channels);
 // the block computes the transposed tile, stored transposed, with PI's sign flipped (gI fR - gR fI =
 // -(fI gR - fR gI)), and the transform warps sum grad_bias (grad_y's f0, summed per unit outside the
-// unrolled transform body: a branch inside it slowed the whole kernel by 20-30%, as the transform warps
-// share schedulers with the consumers, which set the pace: benchmarks/README.md v23). Same work per
-// block; chosen where it pads the output to fewer tile cells (eq_bwd_weight_sm90_swap: e.g. d = 192,
-// c = 768, where the last 128-wide o tile would be half empty; 1.28x faster there).
+// unrolled transform body: a branch inside it slowed the whole kernel, as the transform warps share
+// schedulers with the consumers, which set the pace). Same work per block; chosen where it pads the
+// output to fewer tile cells (eq_bwd_weight_sm90_swap: e.g. d = 192, c = 768, where the last 128-wide
+// o tile would be half empty). Measurements: docs/kernels.md, Hopper weight gradient.
 //
 // A fragments: a fragment row holds one o, a register pair two consecutive m. Fragment rows gid and
 // gid + 8 of a warp are its o pair (2 gid, 2 gid + 1), so that one LDS.128 of raw grad_y (the 4 group
@@ -155,7 +155,7 @@ __device__ __forceinline__ void transform_x(const KParams& p, const Tile& tile, 
     if (kt >= kPlaneBufs) mbar_wait(bar.pfree + 8 * buf, ((kt / kPlaneBufs) - 1) & 1);  // its last tile was read
     const uint32_t xr = base + kXOff + s * kXBytes, pb = base + kPlanesOff + buf * 4 * kPlane;
     // Unit u: 32 channels x 8 rows; units wt, wt + 3, wt + 6 (< 8) unrolled, so that one unit's loads can
-    // overlap the previous one's math (0-6% faster at ViT sizes, benchmarks/README.md v22; 56 registers).
+    // overlap the previous one's math (56 registers; no slower at ViT sizes: docs/kernels.md, Hopper weight gradient).
 #pragma unroll
     for (int k = 0; k < (8 + kXformWarps - 1) / kXformWarps; ++k) {
       const int u = wt + kXformWarps * k;

@@ -11,11 +11,9 @@
 // aI = k1 + k2: 5 FFMA per (m, o, k) instead of 6, for a fifth operand plane on each side
 // (s = fR + fI made by the x transform, PI - PR and PR + PI by the threads that stage PR and PI)
 // and a fifth accumulator set. It is still FP32 arithmetic throughout; the rounding error measured
-// the same as the four-product form's (H100, M = 32768, C = D = 4c, rel. L2 vs float64: 7.07e-7
-// against 7.06e-7 at c = 2048) and 8-9% less time where the FFMAs set the pace (c >= 512: big
-// tile 9.16 / 35.47 ms against 9.96 / 38.94 at c = 1024 / 2048). The four-block small4 tile keeps
-// four products: at 128 registers the fifth set costs more than it saves (c = 128: 195.8 against
-// 185.4 us).
+// the same as the four-product form's, and the time less where the FFMAs set the pace (c >= 512).
+// The four-block small4 tile keeps four products: at 128 registers the fifth set costs more than it
+// saves (measurements: docs/kernels.md, Exact FP32 forward).
 //
 // Tiling (TileCfg): a block computes BM rows x BN output channels with WM x WN warps of 4 x 8
 // lanes; a lane owns TM rows x TN channels as float4 groups (rows r0 + 16q + 0..3, channels
@@ -26,9 +24,7 @@
 //          grids that would fill the GPU poorly with the big tile (small M, small d).
 //   small4: the small tile at four blocks per SM (<= 128 registers) with four products, for short
 //          K (c <= 256), where the blocks hide each other's fill, k-tile barriers and epilogue
-//          (H100, M = 32768, C = D = 4c: 59.4 / 185.4 / 667.7 us at c = 64 / 128 / 256 against
-//          64.8 / 196.4 / 681.1 for the small tile with four products; at c = 512 the big tile
-//          with five, 2.41 ms, beats it, 2.50).
+//          (there it beats the small tile with four products; at c = 512 the big tile with five beats it).
 // Blocks walk the (M tile, d tile) grid in groups of kGroupM M tiles for L2 reuse.
 //
 // Shared memory (dynamic), two stages, k-major so that a k step reads rows / channels as float4:
@@ -324,7 +320,8 @@ eq_linear_fwd_fp32_kernel(const float* __restrict__ x, const float* __restrict__
     } else {
       // Fragments [slot][g][.] with g = 0..3 for f0/P0, fR/PR, fI/PI, f2/P2. Explicit double
       // buffering (step k + 1 is read while step k is multiplied) hides the LDS latency with only
-      // two warps per scheduler; it measured ~5% faster than leaving the schedule to the compiler.
+      // two warps per scheduler; it measured faster than leaving the schedule to the compiler
+      // (docs/kernels.md, Exact FP32 forward).
       float a[2][4][TM], b[2][4][TN];
       auto load_frag = [&](int slot, int k) {
         #pragma unroll
@@ -472,7 +469,8 @@ cudaError_t eq_linear_fwd_fp32(const FwdParams& p, cudaStream_t stream) {
   }
   // The big tile does ~1.25x the work per SM-cycle of the small one at long K (more FFMA per
   // shared load, more ILP); the small tile wins when the big grid fills the GPU poorly or d is
-  // small; at short K the four-block small tile beats both (measured up to c = 256, see above).
+  // small; at short K the four-block small tile beats both (measured up to c = 256: docs/kernels.md,
+  // Exact FP32 forward).
   if (p.c <= kSmallMaxC) return dispatch_vec<Small4Cfg>(p, vec_x, vec_p, stream);
   const double big = cost<BigCfg>(p.M, p.d, sms, blocks_per_sm<BigCfg>(), 1.0);
   const double small = cost<SmallCfg>(p.M, p.d, sms, blocks_per_sm<SmallCfg>(), 0.8);

@@ -90,7 +90,8 @@ struct KParams {
   int x_align8; // general path: x 8-byte aligned, so one channel is one 8-byte cp.async
 };
 
-// Selector: large tiles from this c (H100 timings; bf16 small tiles still ~3% ahead at c = 1024).
+// Selector: large tiles from this c (bf16's small tiles still ahead at c = 1024; docs/kernels.md,
+// mma.sync forward).
 template <class T> constexpr int kLargeMinC = 1024;
 template <> constexpr int kLargeMinC<__nv_bfloat16> = 1536;
 
@@ -446,9 +447,9 @@ cudaError_t eq_linear_fwd_mma(const FwdParams& p, cudaStream_t stream) {
   const int64_t num_m_small = cdiv(p.M, CfgSmall::kBM);
   if (num_n_small > 65535 || num_m_small > 0x7fffffff) return cudaErrorInvalidConfiguration;
 
-  // Config choice, from H100 timings (M = 32768, C = D = 4c): two small blocks per SM hide each
-  // other's pipeline fill and epilogue and win up to c = 512; the large tile wins for long K
-  // (c = 2048: ~5-10%); c = 1024 is within noise for fp16 and ~3% better with small tiles in bf16.
+  // Config choice, from timings (docs/kernels.md, mma.sync forward): two small blocks per SM hide each
+  // other's pipeline fill and epilogue and win up to c = 512; the large tile wins for long K (c = 2048);
+  // at c = 1024 the two are even for fp16 and the small tiles ahead in bf16.
   // Where two small blocks do not fit on an SM (sm_80: 164 KB) the large tile is used whenever
   // it fills the SMs once.
   if (fast && smem_optin >= CfgLarge3::kSmem) {

@@ -49,8 +49,8 @@ namespace flash_eqlinear {
 namespace {
 
 constexpr int kThreads = 128;
-// Blocks per SM the grid is sized for; each warp walks several tiles when M is large. H100,
-// M = 32768, fp32: 2 blocks (8 warps per SM) measured 3-11% faster than 4 at c, d = 16 .. 32.
+// Blocks per SM the grid is sized for; each warp walks several tiles when M is large. FP32: 2 blocks
+// (8 warps per SM) measured faster than 4 at c, d = 16 .. 32 (docs/kernels.md, Narrow forward).
 // KC = 64 (exact FP32 only, c in 33 .. 64) takes 194-224 KB of shared memory per block: one block
 // of 8 warps per SM instead.
 constexpr int kBlocksPerSm = 2;
@@ -270,8 +270,8 @@ template <class T, int KC, int DN>
 struct NarrowMmaCfg {
   static constexpr int NT = DN / 8;                // n8 tiles
   // Resident blocks per SM the grid is sized for (<= 16 KB of shared memory each; registers by the
-  // launch bounds). H100, fp16, M = 32768: d = 16 ran 8-11% faster with 4 blocks than with 2 (4.2 vs
-  // 4.7 us at c = 16), d = 24 .. 32 3-9% slower (5.9 vs 5.4 us at c = 16, d = 32).
+  // launch bounds). fp16: d = 16 ran faster with 4 blocks than with 2, d = 24 .. 32 slower
+  // (docs/kernels.md, Narrow forward).
   static constexpr int kBlocks = DN == 16 ? 4 : 2;
   static constexpr int WR = 16;                    // rows per warp tile
   static constexpr int CPR = KC / 2;               // 16-byte chunks (2 channels) per row
@@ -486,8 +486,7 @@ bool eq_linear_fwd_narrow_applies(const FwdParams& p, int elem_bytes, bool tf32)
   const bool fp32_tiles = elem_bytes == 4 && std::max(p.c, p.d) <= kNarrowMaxCFp32;  // within the FP32 tiles
   if (v != nullptr && std::strcmp(v, "1") == 0) return !wide || (fp32_tiles && wide_fp32_fits(p));
   // Exact FP32 with one of c, d <= 32 and the other <= 64 (KC or DN = 64 with the other 32): the
-  // narrow tiles won (H100, M = 32768: c = 32, d = 64 38.2 vs 52.0 us; c = 64, d = 32 35.4 vs 39.3 us);
-  // with both above 32 the tiled kernel wins (c = d = 48: 54.0 vs 71.4 us; c = d = 64: 71.1 vs 76.7).
+  // narrow tiles won; with both above 32 the tiled kernel wins (docs/kernels.md, Narrow forward).
   if (wide) return fp32_tiles && !tf32 && std::min(p.c, p.d) <= kNarrowMaxC && wide_fp32_fits(p);
   if (elem_bytes == 2) return mma_ok(p) || p.d <= kNarrowMaxDFfma16;
   return !tf32 || p.c * p.d <= kNarrowMaxCDTf32;

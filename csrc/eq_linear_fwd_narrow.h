@@ -11,10 +11,8 @@ namespace flash_eqlinear {
 
 // Largest c and d the narrow kernel takes (exact FP32 runs it for all of them). fp16 / bf16 run it for
 // all of them on its mma.sync variant (c, d even, x / y 16-byte aligned), else on its FFMA variant for
-// d <= 16; FP32 with TF32 allowed for c * d <= 256. H100, M = 32768 (benchmarks/bench_narrow.py,
-// against the tiled kernels): exact FP32 c = d = 16 / 32: 8.3 / 18.6 us against 19.4 / 27.2; fp16
-// (mma) c = d = 16 / 32: 4.2 / 7.5 us against about 8.5; fp16 (FFMA) c = d = 16: 8.1 against 8.4, but
-// c = 16, d = 32: 11.5 against 8.6; TF32 (16, 16): 8.3 against 10.8, (32, 16): 13.4 against 13.1.
+// d <= 16; FP32 with TF32 allowed for c * d <= 256: where each measured faster than the tiled kernels
+// (docs/kernels.md, Narrow forward).
 constexpr int64_t kNarrowMaxC = 32;
 // Exact FP32 also has tiles for c, d up to 64 (KC = 64: one block of 8 warps per SM); taken by default
 // where they beat the tiled FP32 kernel on an H100 (one of c, d <= 32, the other <= 64), else only when

@@ -15,7 +15,7 @@
 // Clusters of two CTAs on one m tile share its x through TMA multicast (kCl, by default for 16-bit
 // layers with an even count of at least 8 n tiles, see sm90_clusters): a third less L2 traffic.
 // Before persistence this measured no faster; since then, and with the kernel at the board's power
-// cap, 2.5% faster on average at c = 1024 / 2048 (benchmarks/README.md, v12).
+// cap, faster on average at c = 1024 / 2048 (measurements: docs/kernels.md, Hopper forward).
 
 // Shared memory per stage (48 KB, 1024-byte aligned):
 //   x   2 x [128 rows][128 B]: 16 channels x 4 group values of rows m0.. (TMA box {64, 128} of x
@@ -31,17 +31,17 @@
 // reads differ in bit 2 and their chunks t ^ r fall in opposite 64-byte halves of the 128-byte
 // swizzle: each LDS.128 covers all 32 banks once, with the same chunk (k lo, then k hi) for every
 // lane. (Rows g, g + 1 would share banks; loading odd rows' high chunk first and selecting cost 16
-// SEL per k16 step. 64-byte rows double the TMA requests: 12% slower.) The epilogue writes each
-// accumulator row to the x row it came from.
+// SEL per k16 step. 64-byte rows double the TMA requests and measured slower: docs/kernels.md, Hopper
+// forward.) The epilogue writes each accumulator row to the x row it came from.
 // The transform runs in packed 16-bit arithmetic (xform_h2): half the instructions of FP32 math,
 // which the profile showed limiting (the consumers issue the transform and the wgmma).
 // Per k16 step six wgmma m64n64k16 (aR += FR PR, aI += FR PI, a0 += F0 P0, a2 += F2 P2,
 // aR += -FI PI via the A scale immediate, aI += FI PR) form one commit group; the A registers are
 // double buffered so the next step's fragments are built while this group runs, and each step's
 // raw x is loaded two steps ahead, before waiting for the previous group (the consumers' latency
-// between groups sets the pace: one step ahead gave 5-7%; the second step with the row order,
-// 1.5-6% more at c >= 512). Building the whole next step before the wait (a third fragment
-// buffer) measured no faster.
+// between groups sets the pace: one step ahead was faster, and the second step with the row order
+// faster again at c >= 512). Building the whole next step before the wait (a third fragment
+// buffer) measured no faster (docs/kernels.md, Hopper forward).
 //
 // Epilogue: the inverse transform + bias in FP32 registers, one 16-byte store per (row, o pair) of
 // the interleaved (M, d, 4) output. The kGelu variants (FwdParams::gelu: the first layer of an MLP in
@@ -49,7 +49,7 @@
 // training, GELU with the pre-activation also stored, and GELU' in the second layer's grad_x epilogue
 // (h prefetched into L2, loaded one n8 block ahead), both measured slower than the separate passes at
 // ViT-B / -L sizes: erf's ~35 instructions per element lengthen the epilogue, which sets the pace at
-// short K (benchmarks/README.md, v19).
+// short K (docs/kernels.md, Hopper forward).
 //
 // Optional by-product (fp16 / bf16, FwdParams::xf): x's Fourier planes as column blocks (M, 4c), for a
 // backward that would otherwise make them in a pass of its own. Warps 1-3 of the producer warpgroup
@@ -58,11 +58,11 @@
 // in FP32, round once and store; each (row tile, k tile) is written by one block of the row tile's
 // num_n, the one whose n tile is k tile % num_n, so the stores spread over the blocks. They read a
 // second copy of those x tiles, which the producer loads into a buffer of their own (32 KB), not the
-// ring's stage, which they would hold (slower: benchmarks/README.md, v11). Before loading the next copy
+// ring's stage, which they would hold (slower: docs/kernels.md, Hopper forward). Before loading the next copy
 // the producer waits until the writers have read the previous one (and issues no ring loads meanwhile).
 // With xf_sums they also sum f0 in FP32 per (row tile, writer warp) before rounding (grad_bias). The
-// variant costs ~20% kernel time at c = 512 / 1024 on an H100, about half of it from its register split
-// and shared-memory size alone.
+// variant costs kernel time, about half of it from its register split and shared-memory size alone
+// (docs/kernels.md, Hopper forward).
 //
 // x and y in parts (FwdParams::x_parts, y_parts: column blocks in tensors of their own, e.g. an attention's
 // q, k, v and their gradients): x through one tensor map per part, the producer picking k tile kt's (a part
@@ -198,7 +198,7 @@ __device__ __forceinline__ void consume(const Sm90Params& p, uint32_t base, uint
     tile_origin<kCl>(p, tile, kCl > 1 ? static_cast<int>(cluster_ctarank()) : 0, m0, n0);
     // The tile's bias pairs (o, o+1) for o = n0 + 8 j + 2 t, loaded now: their latency hides behind
     // the main loop instead of stalling the epilogue. (TF32's float2 pairs too: loaded in the epilogue
-    // they measured 2-5% slower at c = 32 .. 2048, benchmarks/README.md v13.)
+    // they measured slower at c = 32 .. 2048, docs/kernels.md, Hopper forward.)
     using BiasPair = std::conditional_t<sizeof(T) == 2, uint32_t, float2>;
     BiasPair bias2[8];
 #pragma unroll
@@ -476,9 +476,8 @@ bool aligned16(const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0;
 // Whether the plain forward runs in clusters of two CTAs sharing x: FLASH_EQLINEAR_DEBUG sm90_cluster=1
 // never, =2 wherever there are two n tiles; by default for 16-bit layers with an even count of at least 8 n
 // tiles (d > 448). With an odd count the last pair computes a tile past d, and with few n tiles the
-// walk's last wave is coarser: H100, bf16, M = 25216 / 32768, clusters against single CTAs: 3 n tiles
-// 12-14% slower, 9 tiles 5.5% slower, 2 and 4 tiles 0-8% slower; 8, 12, 16 and 32 tiles 0-3.6% faster
-// (benchmarks/README.md, v17; v12 for c = 1024 / 2048).
+// walk's last wave is coarser: clusters measured slower than single CTAs at 3 and 9 n tiles, no faster
+// at 2 and 4, and no slower at 8, 12, 16 and 32 (docs/kernels.md, Hopper forward).
 bool sm90_clusters(int64_t num_n, int elem_bytes) {
   const char* v = debug_switch("sm90_cluster");
   if (v != nullptr && std::strcmp(v, "1") == 0) return false;
@@ -549,7 +548,7 @@ cudaError_t fwd_sm90(const FwdParams& p, cudaStream_t stream, bool* launched) {
   if (p.x_parts == 1) kp.kt_part = kp.k_tiles;  // (c need not be a multiple of the k tile)
   // Groups of 2 m tiles while the planes fit in about two thirds of L2 (H100: 50 MB): the blocks in
   // flight then cover every n tile, the planes stay resident, and x is read from DRAM about once
-  // (c = d = 2048: 5-6% faster than groups of 8, benchmarks/README.md v12). Larger planes are streamed
+  // (faster than groups of 8 at c = d = 2048: docs/kernels.md, Hopper forward). Larger planes are streamed
   // once per group: groups of 8 m tiles read them a quarter as often.
   kp.group_m = 4 * kE * p.c * p.d <= (int64_t{32} << 20) ? 2 : 8;
   if (p.xf == nullptr && num_n > 1 && sm90_clusters(num_n, kE)) {  // clusters of two sharing x (the kernel, kCl)

@@ -6,12 +6,11 @@
 // memory (the inputs may still be in the making, the output buffer may still be read). It is a no-op
 // when the kernel was launched without the attribute and compiles to nothing below sm_90.
 // None of our kernels triggers its dependents early (griddepcontrol.launch_dependents): their
-// successors launch as they finish. Measured on an H100 (graphed forwards, benchmarks/README.md v13):
-// an early trigger let the next launch of the narrow kernel's persistent grid pile onto the SMs that
-// freed up first, more blocks than the grid is sized for, which split its fixed work unevenly (+26% at
-// FP32 c = 32), and cost the Hopper kernel 2-4% at c = 256; launching with the attribute and waiting
-// only was never slower by more than noise and 1.6-7% faster for short layers. A driver that rejects
-// the attribute gets a plain launch.
+// successors launch as they finish. An early trigger let the next launch of the narrow kernel's
+// persistent grid pile onto the SMs that freed up first, more blocks than the grid is sized for, which
+// split its fixed work unevenly, and slowed the Hopper kernel too; launching with the attribute and
+// waiting only was never slower beyond noise and helps short layers (measurements: docs/kernels.md,
+// Programmatic dependent launch). A driver that rejects the attribute gets a plain launch.
 //
 // Host side: launch_maybe_pdl sets the attribute on devices of compute capability 9.0 and later unless
 // FLASH_EQLINEAR_DEBUG has pdl=0 (the switch to time or debug without it; read at each launch; the capability is

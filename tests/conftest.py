@@ -17,6 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+
+import flash_eqlinear as fe
+from flash_eqlinear import reference
 
 GROUP_SIZES = [1, 2, 3, 4, 5, 6, 8]
 
@@ -35,8 +39,6 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 def require_cuda_kernels() -> None:
     """Skips the calling test module, with the reason, where there is no CUDA GPU or no built extension; with
     FLASH_EQLINEAR_REQUIRE_KERNELS=1 (the GPU run script sets it) a GPU without the built kernels fails it."""
-    import flash_eqlinear as fe
-
     # (pytest's summary line names this file; the reason names the module)
     module = Path(sys._getframe(1).f_code.co_filename).name
     if not torch.cuda.is_available():
@@ -145,3 +147,82 @@ def _seed():
     """Seed the global RNG too, so layer initialisation is reproducible."""
     torch.manual_seed(0)
     yield
+
+
+# p4 layer helpers of the CUDA test modules (test_fwd_cuda, test_bwd_cuda): inputs, float64 oracles and the
+# flash-attention-style criterion (within twice F.linear's error in the same dtype, floored at u / 8).
+ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def make(M, c, d, dtype, x_scale=1.0, bias=True, seed=0):
+    """(x (M, 4c), planes (4, d, c), bias (d,) or None) on the GPU, seeded, x scaled by x_scale."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = (torch.randn(M, 4 * c, device="cuda", generator=g) * x_scale).to(dtype)
+    planes = (torch.randn(4, d, c, device="cuda", generator=g) / (4 * c) ** 0.5).to(dtype)
+    b = torch.randn(d, device="cuda", generator=g).to(dtype) if bias else None
+    return x, planes, b
+
+
+def fp64_reference(x, planes, b):
+    w = fe.planes_to_naive(planes.double())
+    return reference.naive_eq_linear(x.double(), w, None if b is None else b.double(), 4), w
+
+
+def fp64_grads(x, planes, b, g):
+    """(grad_x, grad_planes, grad_bias) of the naive layer in float64 for output gradient g."""
+    x64, p64, b64 = [t.detach().double().requires_grad_() for t in (x, planes, b)]
+    reference.naive_eq_linear(x64, fe.planes_to_naive(p64), b64, 4).backward(g.double())
+    return x64.grad, p64.grad, b64.grad
+
+
+def linear_grads(x, planes, b, g, dt):
+    """(grad_x, grad_W, grad_B) of F.linear with the dense weight, all in dtype dt: the error scale
+    a gradient of ours is held to."""
+    W = reference.dense_weight(fe.planes_to_naive(planes.double())).to(dt).requires_grad_()
+    B = b.to(dt).repeat_interleave(4).detach().requires_grad_()
+    xl = x.to(dt).detach().requires_grad_()
+    F.linear(xl, W, B).backward(g.to(dt))
+    return xl.grad, W.grad, B.grad
+
+
+def check_grads(grads, x, planes, b, g, dtype, floor):
+    """grads = (grad_x, grad_planes, grad_bias) of ours for output gradient g: each within twice the
+    relative error of F.linear's matching gradient in dtype (floored at `floor`) against float64; all
+    zeros for an empty input."""
+    wants = fp64_grads(x, planes, b, g)
+    lin, lin64 = linear_grads(x, planes, b, g, dtype), linear_grads(x, planes, b, g, torch.float64)
+    for k, (got, want) in enumerate(zip(grads, wants, strict=True)):
+        if x.shape[0] == 0:
+            assert got.shape == want.shape and not got.abs().sum(), k
+            continue
+        tol = 2 * max(rel_l2(lin[k], lin64[k]), floor)
+        assert got.dtype == dtype and rel_l2(got, want) <= tol, (k, rel_l2(got, want), tol)
+
+
+def check_against_linear(y, x, planes, b):
+    assert y.dtype == x.dtype and torch.isfinite(y).all()
+    ref, w = fp64_reference(x, planes, b)
+    err = rel_l2(y, ref)
+    if x.dtype == torch.float32:
+        assert err < 1e-5, err
+        return
+    W = reference.dense_weight(w).to(x.dtype)
+    B = None if b is None else b.repeat_interleave(4)
+    lin_err = rel_l2(F.linear(x, W, B), ref)
+    assert err <= 2 * max(lin_err, ROUNDOFF[x.dtype] / 8), (err, lin_err)
+
+
+def launched_kernels(fn):
+    """Names of the CUDA kernels that fn() launches, one per launch."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.fixture
+def allow_tf32():
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = prev

@@ -316,8 +316,7 @@ class Attention(nn.Module):
                 # Unbound along the 3 first, then each transposed: the same (B, H, N, hd) views as a
                 # permute then unbind(0), but the backward stacks dq, dk, dv straight into qkv's (B, N, 3,
                 # H, hd) layout (one contiguous stack) instead of a (3, B, H, N, hd) one copied back by the
-                # permute's backward (ViT-B bf16 training step, H100: 3.8 ms less copying, 51.9 -> 48.0 ms
-                # for plain).
+                # permute's backward (less copying per training step: docs/kernels.md, Attention's qkv split).
                 q, k, v = (t.transpose(1, 2) for t in self.qkv(x).view(B, N, 3, H, hd).unbind(2))
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=_mask_as(attn_mask, q))
             return self.proj(o.transpose(1, 2).reshape(B, N, C))
