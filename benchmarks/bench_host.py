@@ -21,7 +21,8 @@ of the tree it sits in).
 
 Usage:
   python benchmarks/bench_host.py [--rows 4096 --in-features 256 --out-features 256 --calls 200 --rounds 5]
-                                  [--json results/host.json]
+                                  [--device-rows 32768] [--json PATH]
+Writes benchmarks/results/host_cost.json (the commit and GPU inside its "environment"), or PATH.
 """
 
 from __future__ import annotations
@@ -71,7 +72,13 @@ def main(argv=None) -> int:
         action="store_true",
         help="training rows with autocast's weight-cast cache off (each call casts, as in a training step)",
     )
-    ap.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the rows here")
+    ap.add_argument(
+        "--json",
+        type=Path,
+        default=ROOT / "results" / "host_cost.json",
+        metavar="PATH",
+        help="where the JSON record goes (default: benchmarks/results/host_cost.json)",
+    )
     ap.add_argument(
         "--device-rows",
         type=int,
@@ -166,12 +173,11 @@ def main(argv=None) -> int:
         )
     if args.device_rows:
         out += device_rows(args.device_rows)
-    if args.json is not None:
-        meta = {"gpu": gpu, "torch": torch.__version__, "commit": git_commit()}
-        payload = {"environment": meta, "args": {k: str(v) for k, v in vars(args).items()}, "rows": out}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=1))
-        print(f"\nwrote {args.json}")
+    meta = {"gpu": gpu, "torch": torch.__version__, "commit": git_commit()}
+    payload = {"environment": meta, "args": {k: str(v) for k, v in vars(args).items()}, "rows": out}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(payload, indent=1))
+    print(f"\nwrote {args.json}")
     return 0
 
 

@@ -8,9 +8,10 @@ of EQ-ViT / ViT under autocast, which F.layer_norm casts to FP32 first), forward
   * ``GroupLayerNorm(autocast_output=True)`` on the fused op (one pass forward, one backward).
 The backward starts from a bf16 gradient of the norm's bf16 output (what the linear layer returns). Medians of
 CUDA-event samples over rotated inputs; also the bytes each form must move at least, over the measured copy
-bandwidth. Writes ``results/layer_norm_<commit>.{json,md}``.
+bandwidth. Writes ``results/layer_norm.{json,md}`` (``--out NAME.json``: ``NAME.{json,md}``; the commit and
+GPU inside the JSON's "env").
 
-Usage:  python benchmarks/bench_layer_norm.py [--shapes 25216x768,25216x1024,32768x2048]
+Usage:  python benchmarks/bench_layer_norm.py [--shapes 25216x768,25216x1024,32768x2048] [--out NAME.json]
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
-from common import RESULTS, bench, debug_switch, environment, n_buffers, save_json  # noqa: E402
+from common import bench, debug_switch, environment, n_buffers, save_json  # noqa: E402
 
 from flash_eqlinear.models.layers import GroupLayerNorm  # noqa: E402
 
@@ -44,6 +45,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="25216x768,25216x1024,32768x2048", help="comma list of MxC")
     ap.add_argument("--x-dtypes", default="float32,bfloat16", help="comma list: x's dtype")
+    ap.add_argument(
+        "--out", default="layer_norm.json", help="JSON file name under benchmarks/results/ (.md beside it)"
+    )
     args = ap.parse_args(argv)
     env = environment()
     src = torch.empty(2**28, device="cuda").normal_()
@@ -89,9 +93,9 @@ def main(argv=None) -> int:
     ]
     md = "\n".join(lines)
     print(md)
-    name = f"layer_norm_{env['commit']}"
-    save_json(f"{name}.json", {"env": env, "copy_tb_s": copy_tbps, "rows": rows})
-    (RESULTS / f"{name}.md").write_text(md + "\n")
+    path = save_json(args.out, {"env": env, "copy_tb_s": copy_tbps, "rows": rows})
+    path.with_suffix(".md").write_text(md + "\n")
+    print(f"wrote {path} and {path.with_suffix('.md').name}")
     return 0
 
 

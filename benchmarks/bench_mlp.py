@@ -9,7 +9,10 @@ network with the mma.sync kernel (FLASH_EQLINEAR_SM90=0), the path of sm_80 / sm
 The variants alternate over --rounds rounds, each a median of CUDA-event timed calls; the lines show each
 variant's best round median (all rounds in the JSON).
 
-Usage: python benchmarks/bench_mlp.py [--parts mlp,infer,tf32,portable] [--out bench_mlp_<commit>.json]
+Usage: python benchmarks/bench_mlp.py [--parts mlp,infer,tf32,portable] [--out NAME.json]
+Writes benchmarks/results/NAME.json (the commit and GPU inside its "env"); NAME without --out: bench_mlp plus
+the optional parts that ran, in this order (default_name): --parts mlp,infer -> bench_mlp.json, mlp,infer,tf32
+-> bench_mlp_tf32.json, the default -> bench_mlp_tf32_portable.json.
 """
 
 from __future__ import annotations
@@ -95,6 +98,12 @@ def network_calls(scale, dtype):
     }
 
 
+def default_name(parts: list[str]) -> str:
+    """The result file's name without --out: bench_mlp, then _tf32 and _portable where those parts ran
+    (mlp and infer add nothing)."""
+    return "_".join(["bench_mlp", *(p for p in ("tf32", "portable") if p in parts)]) + ".json"
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
@@ -103,7 +112,11 @@ def main(argv=None) -> None:
         help="comma list of: mlp, infer (fp16 networks), tf32 (FP32 with TF32 allowed), portable (mma.sync)",
     )
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", default=None, help="JSON file name under benchmarks/results/")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON file name under benchmarks/results/ (default: bench_mlp[_tf32][_portable].json)",
+    )
     args = ap.parse_args(argv)
     parts = args.parts.split(",")
     rows = []
@@ -142,10 +155,10 @@ def main(argv=None) -> None:
             record(what, alternate(mlp_calls(M, C, H, torch.bfloat16, False), args.rounds, 3, 20))
             times = alternate(network_calls("B", torch.float16), args.rounds, 3, 10)
         record("EQ-ViT-B fp16 inference, batch 128, mma.sync kernel (FLASH_EQLINEAR_SM90=0)", times)
-    if args.out:
-        path = Path(__file__).parent / "results" / args.out
-        path.write_text(json.dumps({"env": environment(DEV), "args": vars(args), "rows": rows}, indent=1))
-        print(f"wrote {path}")
+    path = Path(__file__).parent / "results" / (args.out or default_name(parts))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"env": environment(DEV), "args": vars(args), "rows": rows}, indent=1))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -22,8 +22,13 @@ NaiveEQLinear; flash: FlashEQLinear) it records:
   also with every variant's model wrapped in ``torch.compile`` (Inductor fuses the pointwise ops,
   LayerNorm and casts around the linear layers; cuBLAS and our kernels stay as they are).
 
-A progress line per measurement; at the end a JSON record (env: GPU, torch, CUDA, git commit)
-and a markdown table under benchmarks/results/.
+A progress line per measurement; at the end a JSON record (env: GPU, torch, CUDA, git commit), a
+markdown table and a PNG of the inference ratios under benchmarks/results/, all three with the stem of
+--out, or without it (default_name): net, then _infer_<dtypes> where inference ran, then
+_<trained models>_train where training ran, with _eager or _compiled where only that mode ran, then
+_<--tag>. E.g. --dtypes fp16 --train '' -> net_infer_fp16.json; --no-inference --train vit-B,vit-L
+--train-modes eager,compiled -> net_vit_train.json; the same with --train-modes eager ->
+net_vit_train_eager.json; the defaults -> net_infer_fp32-fp16_vit_train_eager.json.
 
 Usage:
   python benchmarks/bench_network.py                       # everything (about 10-15 min on an H100)
@@ -514,7 +519,12 @@ def parse_args(argv=None):
         default="eager",
         help="comma list of: eager, compiled (each model wrapped in torch.compile; warm-up compiles)",
     )
-    ap.add_argument("--out", default=None, help="JSON file name under benchmarks/results/ (.md next to it)")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON file name under benchmarks/results/, the .md and .png beside it (default: default_name)",
+    )
+    ap.add_argument("--tag", default="", help="appended to the default name (e.g. cast0 -> ..._cast0.json)")
     ap.add_argument(
         "--dry-run",
         action="store_true",
@@ -544,6 +554,24 @@ def parse_args(argv=None):
         args.warmup = args.train_warmup = 1
         args.iters = args.linear_iters = args.train_iters = 2
     return args
+
+
+def default_name(args) -> str:
+    """The result file's name without --out: net, _infer_<dtypes joined by '-'> where inference ran,
+    _<models of --train>_train where training ran (_eager / _compiled added where only that mode ran),
+    _<tag> where --tag is set: net_infer_fp32.json, net_infer_fp16.json, net_vit_train.json (eager and
+    compiled), net_vit_train_eager.json, net_swin_train_eager.json, ..."""
+    parts = ["net"]
+    if not args.no_inference and args.models and args.scales and args.variants:
+        parts += ["infer", "-".join(args.dtypes)]
+    if args.train:
+        parts += ["-".join(dict.fromkeys(t.partition("-")[0] for t in args.train)), "train"]
+        modes = list(dict.fromkeys(args.train_modes))
+        if len(modes) == 1:
+            parts.append(modes[0])
+    if args.tag:
+        parts.append(args.tag)
+    return "_".join(parts) + ".json"
 
 
 def plot(payload: dict, path: Path) -> Path | None:
@@ -633,9 +661,9 @@ def main(argv=None) -> int:
     if args.out:
         path = RESULTS / args.out
     elif args.dry_run:
-        path = Path(tempfile.gettempdir()) / "network_dryrun.json"
+        path = Path(tempfile.gettempdir()) / f"dryrun_{default_name(args)}"
     else:
-        path = RESULTS / f"network_{env['gpu'].replace(' ', '_')}_{env['commit']}.json"
+        path = RESULTS / default_name(args)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1))
     table = markdown(payload)

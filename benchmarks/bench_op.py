@@ -6,15 +6,19 @@ dense block-circulant weight), NaiveEQLinear (expansion + F.linear), the referen
 over F.linear; and a precision table against float64. All timings in one run, CUDA graphs of
 rotated inputs (several times L2), medians of CUDA-event samples.
 
-Usage: python benchmarks/bench_op.py [--direction fwd|bwd|train] [--dtypes fp32,tf32,fp16,bf16] [--cs 16,...]
-("tf32": float32 with torch.backends.cuda.matmul.allow_tf32 on, for F.linear and ours alike.)
+Usage: python benchmarks/bench_op.py [--direction fwd|bwd|train] [--dtypes fp32,fp16,bf16] [--cs 16,...]
+                                    [--out NAME.json]
+(dtypes: fp32, tf32, 3xtf32, fp16, bf16; "tf32": float32 with torch.backends.cuda.matmul.allow_tf32 on, for
+F.linear and ours alike.) Writes benchmarks/results/NAME.json and NAME.md (the commit and GPU inside the
+JSON's "env"); NAME without --out: op_<direction>, plus the run's TF32 modes (_tf32, _3xtf32) where it has
+any, or _fp32 for a run of fp32 alone (default_name): op_fwd.json, op_fwd_tf32.json, op_bwd_fp32.json, ...
 The backward mode times all three gradients (autograd.grad over retained graphs, no CUDA graphs)
 and reports the worst gradient's relative error in its table (all three in the JSON); the train
 mode times the forward and that backward together (no CUDA graphs). Both time at least
 EAGER_CALLS calls back to back per sample (steady state, as in training: one call's host latency
 overlaps the previous call's GPU work); `--eager-calls 1` times isolated calls (latency). On Hopper
 in fp16 / bf16 all three modes also time the portable kernels.
-Then: python benchmarks/plot.py benchmarks/results/NAME.json
+Then: python benchmarks/plot.py benchmarks/results/NAME.json (writes NAME.png beside it)
 """
 
 from __future__ import annotations
@@ -269,16 +273,35 @@ def markdown(rows, ceilings, env) -> str:
     return "\n".join(lines)
 
 
+def default_name(direction: str, dtypes: list[str]) -> str:
+    """The result file's name without --out: op_<direction>.json, with the run's TF32 modes appended where
+    it has any (op_fwd_tf32.json; op_fwd_3xtf32.json for fp32,3xtf32), _fp32 for a run of fp32 alone
+    (op_bwd_fp32.json); FP32 beside fp16 / bf16 and fp16 / bf16 alone add nothing (op_fwd.json)."""
+    tags = [d for d in dict.fromkeys(dtypes) if d in ("tf32", "3xtf32")]
+    if not tags and list(dict.fromkeys(dtypes)) == ["fp32"]:
+        tags = ["fp32"]
+    return "_".join([f"op_{direction}", *tags]) + ".json"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dtypes", default="fp32,tf32,fp16,bf16")
+    ap.add_argument(
+        "--dtypes",
+        default="fp32,fp16,bf16",
+        help="comma list of: fp32, tf32, 3xtf32, fp16, bf16 (with tf32 the file is op_<direction>_tf32.json)",
+    )
     ap.add_argument("--cs", default=",".join(map(str, CS)))
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--prec-rows", type=int, default=4096)
     ap.add_argument("--direction", choices=("fwd", "bwd", "train"), default="fwd")
     ap.add_argument("--eager-calls", type=int, default=EAGER_CALLS, help="bwd / train: calls per sample")
-    ap.add_argument("--out", default=None, help="JSON file name under benchmarks/results/")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON file name under benchmarks/results/, the .md beside it (default: op_<direction>[_tf32|"
+        "_3xtf32|_fp32].json, see default_name)",
+    )
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() or not fe.kernels_available():
         print("bench_op needs a CUDA GPU and the built extension", file=sys.stderr)
@@ -314,7 +337,7 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     kind = {"fwd": "op_forward", "bwd": "op_backward", "train": "op_train_step"}[args.direction]
     payload = {"benchmark": kind, "env": env, "ceilings": ceilings, "M": M, "rows": rows}
-    name = args.out or f"op_{args.direction}_{env['gpu'].replace(' ', '_')}_{env['commit']}.json"
+    name = args.out or default_name(args.direction, args.dtypes.split(","))
     path = save_json(name, payload)
     table = markdown(rows, ceilings, env)
     path.with_suffix(".md").write_text(table + "\n")

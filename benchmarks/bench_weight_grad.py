@@ -7,11 +7,12 @@ nn.Linear (gy^T x) for scale; the whole backward op with the fused weight gradie
 (FLASH_EQLINEAR_DEBUG=weight_grad=fused) and the GEMM form's (from the training forward's kept planes); the
 forward and the plane-keeping training forward. The last columns add them up: one layer's forward + backward
 with either method, against three dense GEMMs.
-Writes benchmarks/results/weight_grad_<commit>.{json,md}. With --ab NAME=VALUE only the fused weight gradient
-is timed, with and without that switch in alternating rounds (weight_grad_ab_<name>_<commit>.json; NAME one of
-FLASH_EQLINEAR_DEBUG's names, e.g. wgrad_swap, or a variable of its own, e.g. FLASH_EQLINEAR_SM90). With
---fused-only only the fused weight gradient, one line per shape ("<dtype> <shape> <us> us"), nothing written:
-what benchmarks/dev/ab_builds.sh compares across builds.
+Writes benchmarks/results/weight_grad.{json,md} (--out NAME.json: NAME.{json,md}; the commit and GPU inside
+the JSON's "env"). With --ab NAME=VALUE only the fused weight gradient is timed, with and without that switch
+in alternating rounds (weight_grad_ab_<name>.json, or --out; NAME one of FLASH_EQLINEAR_DEBUG's names, e.g.
+wgrad_swap, or a variable of its own, e.g. FLASH_EQLINEAR_SM90). With --fused-only only the fused weight
+gradient, one line per shape ("<dtype> <shape> <us> us"), nothing written: what benchmarks/dev/ab_builds.sh
+compares across builds.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_op import graphed_ms  # noqa: E402
-from common import RESULTS, environment, git_commit, save_json  # noqa: E402
+from common import RESULTS, environment, save_json  # noqa: E402
 
 import flash_eqlinear  # noqa: E402, F401  (registers the ops)
 
@@ -155,6 +156,12 @@ def main(argv=None) -> int:
         "e.g. wgrad_swap=1, or a variable, e.g. FLASH_EQLINEAR_SM90=0)",
     )
     ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON file name under benchmarks/results/ (default: weight_grad.json, with --ab "
+        "weight_grad_ab_<name>.json)",
+    )
+    ap.add_argument(
         "--fused-only", action="store_true", help="only the fused weight gradient, printed per shape"
     )
     args = ap.parse_args(argv)
@@ -170,7 +177,7 @@ def main(argv=None) -> int:
     if args.ab is not None:
         rows = ab_rows(args.ab, args.shapes.split(","), args.dtypes.split(","))
         tag = args.ab.split("=", 1)[0].removeprefix("FLASH_EQLINEAR_").lower()
-        path = save_json(f"weight_grad_ab_{tag}_{git_commit()}.json", {"env": env, "rows": rows})
+        path = save_json(args.out or f"weight_grad_ab_{tag}.json", {"env": env, "rows": rows})
         print(f"wrote {path}")
         return 0
     rows = []
@@ -181,7 +188,7 @@ def main(argv=None) -> int:
             rows.append(r)
             times = ", ".join(f"{k} {v:.1f}" for k, v in r.items() if isinstance(v, float))
             print(f"{dname} {name}: {times}", flush=True)
-    path = save_json(f"weight_grad_{git_commit()}.json", {"env": env, "rows": rows})
+    path = save_json(args.out or "weight_grad.json", {"env": env, "rows": rows})
     md = markdown(rows, env)
     path.with_suffix(".md").write_text(md)
     print(md)

@@ -10,7 +10,8 @@ export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_
 # On a GPU machine, GPU test modules fail instead of skipping when the kernels are not built.
 export FLASH_EQLINEAR_REQUIRE_KERNELS=1
 summary=()
-res="benchmarks/results/*${FLASH_EQLINEAR_COMMIT:-}*"  # this commit's result files (all when unset)
+# The result files this call writes (stable names, the commit inside each JSON): those newer than the stamp.
+stamp=$(mktemp); trap 'rm -f "$stamp"' EXIT
 has() { [[ " $stages " == *" $1 "* ]]; }
 
 python3 -c "import sys, setuptools, torch; print(sys.executable, setuptools.__version__, torch.__version__)"
@@ -64,21 +65,21 @@ if has bench-train; then  # forward + backward; BENCH_TRAIN_ARGS as BENCH_BWD_AR
   summary+=("bench-train rc=$?")
   grep "c=" "$OUT/bench_train.log"
 fi
-if has bench-3xtf32; then  # the split-precision FP32 mode against exact FP32, same run
-  python3 benchmarks/bench_op.py --dtypes fp32,3xtf32 --cs 512,1024,2048 --out "op_fwd_3xtf32_${FLASH_EQLINEAR_COMMIT:-local}.json" >"$OUT/bench_3xtf32.log" 2>&1
+if has bench-3xtf32; then  # the split-precision FP32 mode against exact FP32, same run (op_fwd_3xtf32.json)
+  python3 benchmarks/bench_op.py --dtypes fp32,3xtf32 --cs 512,1024,2048 >"$OUT/bench_3xtf32.log" 2>&1
   summary+=("bench-3xtf32 rc=$?"); grep "c=" "$OUT/bench_3xtf32.log"
 fi
 if has bench-wgrad; then  # the 16-bit weight gradient and one layer's training step at ViT and op shapes
   python3 benchmarks/bench_weight_grad.py >"$OUT/bench_wgrad.log" 2>&1; summary+=("bench-wgrad rc=$?")
   grep "^|" "$OUT/bench_wgrad.log"
 fi
-# The bf16 training steps of EQ-ViT-B / -L against plain; $1: the result name's suffix (settings in the
-# environment of the call; NET_TRAIN_MODES: "eager", "compiled" or both, comma-separated).
+# The bf16 training steps of EQ-ViT-B / -L against plain; $1: "" or "_TAG", TAG ending the result name
+# (settings in the environment of the call; NET_TRAIN_MODES: "eager", "compiled" or both, comma-separated).
+# bench_network.py names the file: net_vit_train.json for both modes, net_vit_train_eager[_TAG].json for eager.
 net_train() {
-  local modes=${NET_TRAIN_MODES:-eager} tag=$1
-  [ "$modes" != eager ] && tag="${tag}_${modes//,/-}"  # eager runs keep the old names
+  local modes=${NET_TRAIN_MODES:-eager}
   python3 benchmarks/bench_network.py --models vit --scales B,L --variants plain,flash --no-inference \
-    --train vit-B,vit-L --train-modes "$modes" --out "net_vit_train${tag}_${FLASH_EQLINEAR_COMMIT:-local}.json" >"$OUT/net_train$1.log" 2>&1
+    --train vit-B,vit-L --train-modes "$modes" --tag "${1#_}" >"$OUT/net_train$1.log" 2>&1
   summary+=("net-train$1 rc=$?"); grep -E "^\| vit" "$OUT/net_train$1.log"
 }
 has net-train && net_train ""
@@ -96,14 +97,15 @@ if has profile-net; then  # kernel time per category: ViT-B training, Swin-B fp1
   done
   grep -E "^\| " "$OUT/profile_net.log"
 fi
-if has net; then  # the ViT part of the network benchmark (the Swin results do not depend on fp16 kernels)
+if has net; then  # the ViT part of the network benchmark (the Swin results do not depend on fp16 kernels), with
+  # the default training steps: net_infer_fp32-tf32-fp16_vit_train_eager.json
   python3 benchmarks/bench_network.py --models vit --scales B,L,H --dtypes fp32,tf32,fp16 >"$OUT/net.log" 2>&1
   summary+=("net rc=$?")
   tail -25 "$OUT/net.log"
 fi
 if has bench-quick; then
   python3 benchmarks/bench_op.py --cs 64,512,2048 --prec-rows 1024 --out quick.json >"$OUT/bench.log" 2>&1
-  summary+=("bench-quick rc=$?"); res="$res benchmarks/results/quick.*"; tail -14 "$OUT/bench.log"
+  summary+=("bench-quick rc=$?"); tail -14 "$OUT/bench.log"
 fi
 if has host; then  # host (CPU) cost per layer call against nn.Linear
   python3 benchmarks/bench_host.py >"$OUT/host.log" 2>&1; summary+=("host rc=$?"); cat "$OUT/host.log"
@@ -125,5 +127,5 @@ if has fp32-tiles; then  # each exact-FP32 tile forced, against F.linear (FP32_T
   grep "^|" "$OUT/fp32_tiles.log"
 fi
 # One archive: $OUT brings back a limited number of files.
-tar czf "$OUT/results.tgz" $res 2>/dev/null
+find benchmarks/results -type f -newer "$stamp" -print0 | tar czf "$OUT/results.tgz" --null -T - 2>/dev/null
 printf '%s\n' "${summary[@]}"

@@ -1,6 +1,7 @@
 """Plot a bench_op JSON (either direction): speedup over F.linear vs c, one panel per dtype.
 
-Usage: python benchmarks/plot.py benchmarks/results/FILE.json [-o FILE.png]
+Usage: python benchmarks/plot.py benchmarks/results/NAME.json [-o OTHER.png]
+Writes NAME.png beside the JSON (benchmarks/results/op_fwd.json -> op_fwd.png) unless -o names another file.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ SERIES = {
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("json")
-    ap.add_argument("-o", "--output", default=None)
+    ap.add_argument("-o", "--output", default=None, help="the PNG (default: the JSON's name with .png)")
     args = ap.parse_args(argv)
     data = json.loads(Path(args.json).read_text())
     rows = data["rows"]

@@ -1,8 +1,13 @@
-// The group LayerNorm's ops (eq_group_layer_norm.h; registered in eq_ops.cpp): checks, allocation, launch.
+// The group LayerNorm's ops (eq_group_layer_norm.h; registered in eq_ops.cpp): checks, allocation, launch, and
+// the forward's autograd formula (Autograd key), so that an eager norm's node and backward run without Python.
+// Where its gradients are to be differentiable (create_graph=True), the backward calls
+// group_layer_norm_grads_differentiable, whose composite implementation is Python's (flash_eqlinear/layer_norm.py).
 #include <tuple>
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include "eq_group_layer_norm.h"
 #include "eq_host_common.h"
@@ -36,7 +41,84 @@ int64_t checked_ln_params(const at::Tensor& x, const at::Tensor& weight, const c
   return c;
 }
 
+using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+struct NormOps {
+  c10::TypedOperatorHandle<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, at::ScalarType)>
+      fwd;
+  c10::TypedOperatorHandle<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const at::Tensor&, bool, bool)>
+      bwd;
+  c10::TypedOperatorHandle<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, bool, bool)>
+      differentiable;
+};
+
+const NormOps& norm_ops() {
+  static const NormOps o = [] {
+    auto& d = c10::Dispatcher::singleton();
+    const auto op = [&d](const char* name) { return d.findSchemaOrThrow(name, ""); };
+    return NormOps{
+        op("flash_eqlinear::group_layer_norm_fwd")
+            .typed<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, at::ScalarType)>(),
+        op("flash_eqlinear::group_layer_norm_bwd")
+            .typed<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           const at::Tensor&, bool, bool)>(),
+        op("flash_eqlinear::group_layer_norm_grads_differentiable")
+            .typed<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, bool, bool)>()};
+  }();
+  return o;
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// One node per norm: keeps x, weight and the forward's mean and rstd; mean and rstd are outputs without a
+// gradient.
+class GroupLayerNormFunction : public torch::autograd::Function<GroupLayerNormFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                               const at::Tensor& bias, double eps, at::ScalarType out_dtype) {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    auto [y, mean, rstd] = norm_ops().fwd.call(x, weight, bias, eps, out_dtype);
+    ctx->saved_data["eps"] = eps;
+    ctx->save_for_backward({x, weight, mean, rstd});
+    ctx->mark_non_differentiable({mean, rstd});
+    ctx->set_materialize_grads(false);  // (no zero gradients made for mean and rstd)
+    return {y, mean, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool needs_x = ctx->needs_input_grad(0), needs_wb = ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const variable_list saved = ctx->get_saved_variables();
+    at::Tensor gx, gw, gb;
+    if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that are differentiable themselves
+      std::tie(gx, gw, gb) = norm_ops().differentiable.call(grads[0], saved[0], saved[1],
+                                                            ctx->saved_data["eps"].toDouble(), needs_x, needs_wb);
+    } else {
+      const at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(gx, gw, gb) = norm_ops().bwd.call(grads[0], saved[0], saved[1], saved[2], saved[3], needs_x, needs_wb);
+    }
+    return {needs_x ? gx : at::Tensor(), ctx->needs_input_grad(1) ? gw : at::Tensor(),
+            ctx->needs_input_grad(2) ? gb : at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+// The forward's autograd kernel: a node where a gradient is recorded, else the CUDA kernel as it is.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_layer_norm_fwd_autograd(const at::Tensor& x,
+                                                                             const at::Tensor& weight,
+                                                                             const at::Tensor& bias, double eps,
+                                                                             at::ScalarType out_dtype) {
+  const bool grad = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() || bias.requires_grad());
+  if (!grad) {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return norm_ops().fwd.call(x, weight, bias, eps, out_dtype);
+  }
+  const variable_list out = GroupLayerNormFunction::apply(x, weight, bias, eps, out_dtype);
+  return {out[0], out[1], out[2]};
+}
 
 // x (M, 4c) (fp32 / fp16 / bf16), weight and bias (c,) -> y (M, 4c) in out_dtype (x's dtype, or any of the
 // three for an FP32 x), mean (M,) and rstd (M,) FP32.

@@ -54,13 +54,17 @@ struct BwdWeightParams {
   int gy_parts = 1;
   const void* gy1 = nullptr;
   const void* gy2 = nullptr;
+  // fp16 / bf16: the kernel the plan chose (plan_weight_grad_hopper): the Hopper one (eq_linear_bwd_weight_sm90.h)
+  // where set, else mma.sync. Where the build or the device rules the Hopper kernel out, mma.sync runs.
+  bool hopper = false;
 };
 
 // Workspace (bytes) that eq_linear_bwd_weight_<elem> needs for these sizes on CUDA device `device`
 // (the one that will run it: the split depends on its SM count and shared memory); elem_bytes is 4
-// (fp32) or 2 (fp16 / bf16). 0 means none. Returns 0 as well when the device query fails; the
+// (fp32) or 2 (fp16 / bf16); hopper: BwdWeightParams::hopper. 0 means none. Returns 0 as well when the device query fails; the
 // launch then reports the error.
-size_t eq_linear_bwd_weight_workspace_bytes(int64_t M, int64_t c, int64_t d, int elem_bytes, int device);
+size_t eq_linear_bwd_weight_workspace_bytes(int64_t M, int64_t c, int64_t d, int elem_bytes, int device,
+                                            bool hopper);
 // The FP32 part of the query, for a GPU with sm_count SMs.
 size_t eq_linear_bwd_weight_fp32_workspace_bytes(int64_t M, int64_t c, int64_t d, int sm_count);
 

@@ -1,7 +1,7 @@
 // Fused p4 EQ-Linear weight backward on tensor cores (mma.sync m16n8k16, FP32 accumulation), fp16
 // and bf16 from one template; sm_80 / sm_89 / sm_90. Math and layouts: eq_linear_bwd_weight.h.
-// Its launcher also runs the Hopper kernel instead where that one is eligible
-// (eq_linear_bwd_weight_sm90.cu: same split plan machinery, workspace layout and reduce kernel).
+// Its launcher also runs the Hopper kernel where the plan chose it (BwdWeightParams::hopper) and the build and
+// device allow it (eq_linear_bwd_weight_sm90.cu: same split plan machinery, workspace layout and reduce kernel).
 //
 // GEMM view: the output tile is BD output channels o x BC input channels ci, the reduction (k)
 // runs over rows m. A[o][m] = the transform of grad_y (g0, gR, gI, g2), B[m][ci] = the transform
@@ -349,8 +349,8 @@ double half_tile_time() {
   return v != nullptr ? std::atof(v) : 0.85;
 }
 
-// The kernel (the Hopper one where it runs, else mma.sync) and its split plan; the workspace query and
-// the launch make the same choice.
+// The kernel (the Hopper one where the plan chose it and it can run, else mma.sync) and its split plan; the
+// workspace query and the launch make the same choice.
 struct Choice {
   split::Plan plan;
   bool sm90 = false;
@@ -358,9 +358,9 @@ struct Choice {
   int64_t bias_parts = 1;  // bias partials per row chunk
 };
 
-Choice choose(int64_t M, int64_t c, int64_t d, const DeviceInfo& info, int dev) {
+Choice choose(int64_t M, int64_t c, int64_t d, const DeviceInfo& info, int dev, bool hopper) {
   Choice ch;
-  ch.sm90 = eq_bwd_weight_sm90_eligible(M, c, d, dev);
+  ch.sm90 = hopper && eq_bwd_weight_sm90_eligible(M, c, d, dev);
   ch.swap = ch.sm90 && eq_bwd_weight_sm90_swap(c, d);
   const split::TileModel* model = ch.sm90 ? &kBwdWeightSm90Model : use_bk32(info) ? &kModel32 : &kModel16;
   // The plan counts tiles as (d / BD) x (c / BC): with swapped roles the A side is c
@@ -405,7 +405,7 @@ cudaError_t bwd_weight_mma(const BwdWeightParams& p, cudaStream_t stream) {
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = device_info(dev, info);
   if (err != cudaSuccess) return err;
-  const Choice ch = choose(p.M, p.c, p.d, info, dev);
+  const Choice ch = choose(p.M, p.c, p.d, info, dev, p.hopper);
   const split::Plan& plan = ch.plan;
   if (plan.S < 1) return cudaErrorInvalidConfiguration;
   if (p.gy_parts != 1) {  // grad_y in parts: the Hopper kernel only, each part whole TMA boxes
@@ -455,11 +455,12 @@ cudaError_t bwd_weight_mma(const BwdWeightParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-size_t eq_linear_bwd_weight_workspace_bytes(int64_t M, int64_t c, int64_t d, int elem_bytes, int device) {
+size_t eq_linear_bwd_weight_workspace_bytes(int64_t M, int64_t c, int64_t d, int elem_bytes, int device,
+                                            bool hopper) {
   DeviceInfo info;
   if (M <= 0 || !sizes_ok(M, c, d) || device_info(device, info) != cudaSuccess) return 0;
   if (elem_bytes == 4) return eq_linear_bwd_weight_fp32_workspace_bytes(M, c, d, info.sms);
-  const Choice ch = choose(M, c, d, info, device);
+  const Choice ch = choose(M, c, d, info, device, hopper);
   return split::workspace_bytes(ch.plan, true, c, d, ch.bias_parts);
 }
 

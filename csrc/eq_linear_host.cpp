@@ -307,8 +307,9 @@ std::tuple<at::Tensor, at::Tensor> weight_grads(const at::Tensor& x, const at::T
   const int64_t M = x.size(0), c = x.size(1) / 4, d = grad_y.size(1) / 4 * parts;
   at::Tensor grad_planes = at::empty({4, d, c}, x.options());
   at::Tensor grad_bias = at::empty({d}, x.options());
+  const bool hopper = plan_weight_grad_hopper(c, d, elem_of(dtype), sm_major_of(x));
   const size_t ws_bytes = eq_linear_bwd_weight_workspace_bytes(M, c, d, static_cast<int>(x.element_size()),
-                                                               x.get_device());
+                                                               x.get_device(), hopper);
   // Workspace from the caching allocator (float elements: 16-byte aligned allocations).
   at::Tensor ws = at::empty({static_cast<int64_t>((ws_bytes + 3) / 4)}, x.options().dtype(at::kFloat));
   BwdWeightParams p{xc.data_ptr(), gc.data_ptr(), grad_planes.data_ptr(), grad_bias.data_ptr(),
@@ -318,6 +319,7 @@ std::tuple<at::Tensor, at::Tensor> weight_grads(const at::Tensor& x, const at::T
     p.planes = adj_of->data_ptr();
     p.adj = adj->data_ptr();
   }
+  p.hopper = hopper;
   p.gy_parts = static_cast<int>(parts);
   if (parts > 1) p.gy1 = gy_more[0].data_ptr();
   if (parts > 2) p.gy2 = gy_more[1].data_ptr();

@@ -164,6 +164,10 @@ WeightGrad plan_weight_grad(int64_t c, int64_t d, Elem elem, int sm_major, bool 
   return gemm ? WeightGrad::kGemm : WeightGrad::kFused;
 }
 
+bool plan_weight_grad_hopper(int64_t c, int64_t d, Elem elem, int sm_major) {
+  return elem != Elem::kFloat && c % 2 == 0 && d % 2 == 0 && hopper(sm_major);
+}
+
 bool plan_three_products(int64_t cd, Elem elem) {
   return cd >= (elem == Elem::kFloat ? kThreeProductsMinCDTf32 : kThreeProductsMinCD16);
 }
@@ -214,6 +218,7 @@ LayerPlan plan_layer(const LayerQuery& q, std::string* why) {
   const WeightGrad method =
       plan_weight_grad(q.c, q.d, q.elem, q.sm_major, q.tf32, (q.needs_p || q.needs_b) ? why : nullptr);
   plan.wgrad = (q.needs_p || q.needs_b) ? method : WeightGrad::kNone;
+  plan.wgrad_hopper = plan.wgrad == WeightGrad::kFused && plan_weight_grad_hopper(q.c, q.d, q.elem, q.sm_major);
   const Products form = products();
   const bool keep = q.needs_p && keeps_planes(q, method, why);
   const bool parts = q.chunks == 3 && !keep && q.elem != Elem::kFloat && q.d % 192 == 0 && q.c % 8 == 0 &&
@@ -257,6 +262,8 @@ std::string explain_layer(const LayerQuery& q) {
   const LayerPlan p = plan_layer(q, &why);
   std::string s = std::string("forward=") + name(p.fwd) + "\nfallback=" + name(p.fallback) + "\ntrain=" +
                   name(p.train) + "\nweight_grad=" + name(p.wgrad) + "\ngrad_x=" + name(p.gradx);
+  if (p.wgrad == WeightGrad::kFused)
+    s += std::string("\nweight_grad_kernel=") + (q.elem == Elem::kFloat ? "fp32" : p.wgrad_hopper ? "hopper" : "mma");
   if (p.gradx == GradXPath::kKernel) s += std::string("\ngrad_x_kernel=") + name(p.gradx_fwd);
   return s + "\n" + why;
 }

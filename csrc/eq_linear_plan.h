@@ -71,6 +71,7 @@ struct LayerPlan {
   FwdPath fallback = FwdPath::kExactFp32;  // FwdChoice::fallback
   TrainForm train = TrainForm::kInference;
   WeightGrad wgrad = WeightGrad::kNone;
+  bool wgrad_hopper = false;  // wgrad == kFused: plan_weight_grad_hopper
   GradXPath gradx = GradXPath::kNone;
   FwdPath gradx_fwd = FwdPath::kExactFp32;  // gradx == kKernel: the forward's kernel on the adjoint planes
 };
@@ -82,6 +83,9 @@ FwdChoice plan_forward(const FwdParams& p, Elem elem, int sm_major, bool tf32, s
 bool plan_three_products(int64_t cd, Elem elem);
 // The weight-gradient method for a layer with c, d (FLASH_EQLINEAR_DEBUG weight_grad forces one).
 WeightGrad plan_weight_grad(int64_t c, int64_t d, Elem elem, int sm_major, bool tf32, std::string* why = nullptr);
+// The fused weight gradient's kernel for fp16 / bf16: the Hopper one (c, d even, sm_90, Hopper kernels on), else
+// mma.sync (FP32: the SIMT kernel, false).
+bool plan_weight_grad_hopper(int64_t c, int64_t d, Elem elem, int sm_major);
 // Whether fp16 / bf16 plane products where the GEMM form is an option (grad_x beside the GEMM-form weight
 // gradient, the planes-keeping forward) go to the Hopper kernel instead (its fallback: the GEMM form).
 bool hopper_takes_products(int64_t cd, int sm_major);

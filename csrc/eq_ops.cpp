@@ -53,6 +53,9 @@ TORCH_LIBRARY(flash_eqlinear, m) {
   m.def("group_layer_norm_bwd(Tensor grad_y, Tensor x, Tensor weight, Tensor mean, Tensor rstd, bool needs_x, "
         "bool needs_wb) -> (Tensor, Tensor, Tensor)",
         kAnyLayout);
+  // The norm's differentiable gradients (create_graph=True): implemented in Python (flash_eqlinear/layer_norm.py).
+  m.def("group_layer_norm_grads_differentiable(Tensor grad_y, Tensor x, Tensor weight, float eps, bool needs_x, "
+        "bool needs_wb) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
@@ -75,6 +78,7 @@ TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
 TORCH_LIBRARY_IMPL(flash_eqlinear, Autograd, m) {
   m.impl("eq_linear", &eq_linear_autograd);
   m.impl("eq_linear_chunks", &eq_linear_chunks_autograd);
+  m.impl("group_layer_norm_fwd", &group_layer_norm_fwd_autograd);
 }
 
 TORCH_LIBRARY_IMPL(flash_eqlinear, AutocastCUDA, m) {

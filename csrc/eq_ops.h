@@ -73,6 +73,11 @@ std::string eq_linear_plan_op(int64_t M, int64_t c, int64_t d, at::ScalarType dt
                               bool needs_x, bool needs_p, bool needs_b, int64_t chunks);
 
 // ---- eq_group_layer_norm_api.cpp ----
+// The forward's autograd kernel (its node and backward in C++).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_layer_norm_fwd_autograd(const at::Tensor& x,
+                                                                             const at::Tensor& weight,
+                                                                             const at::Tensor& bias, double eps,
+                                                                             at::ScalarType out_dtype);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> group_layer_norm_fwd(const at::Tensor& x, const at::Tensor& weight,
                                                                     const at::Tensor& bias, double eps,
                                                                     at::ScalarType out_dtype);

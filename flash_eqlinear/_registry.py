@@ -17,6 +17,7 @@ from ._extension import kernels_available
 if not kernels_available():  # pragma: no cover - the package imports this module only with the extension
     raise ImportError("flash_eqlinear._registry needs the compiled extension")
 
+
 @torch.library.register_fake("flash_eqlinear::eq_linear_fwd")
 def _eq_linear_fwd_fake(x, planes, bias):
     # Mirrors the checks of the CUDA implementation (csrc/eq_linear_fwd_api.cpp).
@@ -38,6 +39,7 @@ def _eq_linear_fwd_fake(x, planes, bias):
         )
     return x.new_empty((x.shape[0], 4 * planes.shape[1]))
 
+
 @torch.library.register_fake("flash_eqlinear::eq_linear_bwd_weight")
 def _eq_linear_bwd_weight_fake(x, grad_y):
     torch._check(
@@ -51,6 +53,7 @@ def _eq_linear_bwd_weight_fake(x, grad_y):
     c, d = x.shape[1] // 4, grad_y.shape[1] // 4
     return x.new_empty((4, d, c)), x.new_empty((d,))
 
+
 @torch.library.register_fake("flash_eqlinear::eq_group_dft")
 def _eq_group_dft_fake(t, input, sum):
     torch._check(
@@ -61,6 +64,7 @@ def _eq_group_dft_fake(t, input, sum):
     n = t.shape[1] // 4
     sums = t.new_empty((n if sum else 0,), dtype=torch.float32)
     return t.new_empty((4, t.shape[0], n)), sums
+
 
 @torch.library.register_fake("flash_eqlinear::eq_linear_bwd")
 def _eq_linear_bwd_fake(grad_y, x, planes, needs_x, needs_p, needs_b, grad_x_fp32=False):
@@ -74,9 +78,7 @@ def _eq_linear_bwd_fake(grad_y, x, planes, needs_x, needs_p, needs_b, grad_x_fp3
     )
     torch._check(
         x.dtype == grad_y.dtype == planes.dtype,
-        lambda: (
-            f"eq_linear_bwd: grad_y, x and planes must share one dtype, got {grad_y.dtype}, {x.dtype}"
-        ),
+        lambda: f"eq_linear_bwd: grad_y, x and planes must share one dtype, got {grad_y.dtype}, {x.dtype}",
     )
     return (
         grad_y.new_empty(
@@ -86,10 +88,12 @@ def _eq_linear_bwd_fake(grad_y, x, planes, needs_x, needs_p, needs_b, grad_x_fp3
         grad_y.new_empty((d,) if needs_b else (0,)),
     )
 
+
 def _setup_context(ctx, inputs, output):
     x, planes, bias = inputs
     ctx.has_bias = bias is not None
     ctx.save_for_backward(x, planes)
+
 
 def _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b):
     """create_graph=True (double backward, gradient penalties, Hessian-vector products): gradients
@@ -105,9 +109,11 @@ def _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b):
     )
     return gx, *(None if t is None else t.to(planes.dtype) for t in (gp, gb))
 
+
 def _backward(ctx, grad_y):
     x, planes = ctx.saved_tensors[:2]
     return _grads(ctx, grad_y, x, planes, False)
+
 
 def _grads(ctx, grad_y, x, planes, gx_fp32: bool):
     """(grad_x, grad_planes, grad_bias) of a layer with input x (as the kernels took it) as the
@@ -133,6 +139,7 @@ def _grads(ctx, grad_y, x, planes, gx_fp32: bool):
 
 torch.library.register_autograd("flash_eqlinear::eq_linear_fwd", _backward, setup_context=_setup_context)
 
+
 # ---- An FP32 input under autocast (eq_linear_fwd_cast): rounded in the op, grad_x in FP32 ----
 @torch.library.register_fake("flash_eqlinear::eq_linear_fwd_cast")
 def _eq_linear_fwd_cast_fake(x, planes, bias):
@@ -147,12 +154,14 @@ def _eq_linear_fwd_cast_fake(x, planes, bias):
     x_low = x.new_empty(x.shape, dtype=planes.dtype)
     return _eq_linear_fwd_fake(x_low, planes, bias), x_low
 
+
 def _setup_context_cast(ctx, inputs, output):
     _, planes, bias = inputs
     ctx.has_bias = bias is not None
     ctx.save_for_backward(output[1], planes)  # x as the kernels took it
     ctx.set_materialize_grads(False)  # no zeros for the rounded x's gradient (None unless a double
     # backward reaches it through the saved x)
+
 
 def _backward_cast(ctx, grad_y, grad_x_low):
     x_low, planes = ctx.saved_tensors
@@ -163,19 +172,23 @@ def _backward_cast(ctx, grad_y, grad_x_low):
         gx = grad_x_low.float() if gx is None else gx + grad_x_low.float()
     return gx, gp, gb
 
+
 torch.library.register_autograd(
     "flash_eqlinear::eq_linear_fwd_cast", _backward_cast, setup_context=_setup_context_cast
 )
+
 
 # ---- GELU(layer) in one kernel (flash_eq_mlp's inference path) ----
 @torch.library.register_fake("flash_eqlinear::eq_linear_fwd_gelu")
 def _eq_linear_fwd_gelu_fake(x, planes, bias):
     return _eq_linear_fwd_fake(x, planes, bias)
 
+
 def _setup_context_gelu(ctx, inputs, output):
     x, planes, bias = inputs
     ctx.has_bias = bias is not None
     ctx.save_for_backward(x, planes, bias)
+
 
 def _backward_gelu(ctx, grad_a):
     # The layer's backward at GELU'(pre) grad_a, pre recomputed (the op keeps only its output;
@@ -184,24 +197,29 @@ def _backward_gelu(ctx, grad_a):
     pre = torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, bias)
     return _backward(ctx, torch.ops.aten.gelu_backward(grad_a, pre))
 
+
 torch.library.register_autograd(
     "flash_eqlinear::eq_linear_fwd_gelu", _backward_gelu, setup_context=_setup_context_gelu
 )
+
 
 # ---- The training forward that keeps x's Fourier planes (eq_linear_fwd_xf) ----
 @torch.library.register_fake("flash_eqlinear::eq_linear_fwd_xf")
 def _eq_linear_fwd_xf_fake(x, planes, bias):
     return _eq_linear_fwd_fake(x, planes, bias), x.new_empty(x.shape)
 
+
 @torch.library.register_fake("flash_eqlinear::eq_linear_bwd_xf")
 def _eq_linear_bwd_xf_fake(grad_y, xf, planes, needs_x, needs_p, needs_b):
     return _eq_linear_bwd_fake(grad_y, xf, planes, needs_x, needs_p, needs_b)
+
 
 def _setup_context_xf(ctx, inputs, output):
     _, planes, bias = inputs
     ctx.has_bias = bias is not None
     ctx.save_for_backward(output[1], planes)  # x's planes instead of x: same size
     ctx.set_materialize_grads(False)  # xf's gradient stays None unless a double backward reaches it
+
 
 def _backward_xf(ctx, grad_y, grad_xf):
     xf, planes = ctx.saved_tensors
@@ -221,9 +239,11 @@ def _backward_xf(ctx, grad_y, grad_xf):
         gx = gxf if gx is None else gx + gxf
     return gx if needs_x else None, gp if needs_p else None, gb if needs_b else None
 
+
 torch.library.register_autograd(
     "flash_eqlinear::eq_linear_fwd_xf", _backward_xf, setup_context=_setup_context_xf
 )
+
 
 # ---- The output in three parts of their own (an attention's q, k, v; flash_eq_linear_chunks) ----
 @torch.library.register_fake("flash_eqlinear::eq_linear_fwd_split3")
@@ -239,12 +259,14 @@ def _eq_linear_fwd_split3_fake(x, planes, bias):
     parts = tuple(y.new_empty((x.shape[0], 4 * d // 3)) for _ in range(3))
     return *parts, x_low if cast else x.new_empty((0,))
 
+
 def _setup_context_split3(ctx, inputs, output):
     x, planes, bias = inputs
     ctx.has_bias = bias is not None
     ctx.cast = x.dtype != planes.dtype  # an FP32 x rounded in the op: the backward takes that x_low
     ctx.save_for_backward(output[3] if ctx.cast else x, planes)
     ctx.set_materialize_grads(False)  # (x_low's gradient: None unless a double backward reaches it)
+
 
 def _backward_split3(ctx, g0, g1, g2, grad_x_low):
     x, planes = ctx.saved_tensors
@@ -258,9 +280,11 @@ def _backward_split3(ctx, g0, g1, g2, grad_x_low):
         gx = grad_x_low.float() if gx is None else gx + grad_x_low.float()  # rounding passes gradients
     return gx, gp, gb
 
+
 torch.library.register_autograd(
     "flash_eqlinear::eq_linear_fwd_split3", _backward_split3, setup_context=_setup_context_split3
 )
+
 
 @torch.library.register_fake("flash_eqlinear::eq_linear_bwd_split3")
 def _eq_linear_bwd_split3_fake(gy0, gy1, gy2, x, planes, needs_x, needs_p, needs_b, grad_x_fp32=False):
@@ -277,6 +301,7 @@ def _eq_linear_bwd_split3_fake(gy0, gy1, gy2, x, planes, needs_x, needs_p, needs
         gy0.new_empty((gy0.shape[0], 4 * d)), x, planes, needs_x, needs_p, needs_b, grad_x_fp32
     )
 
+
 def eager_function(op, setup_context, backward):
     """``op`` as an ``autograd.Function`` with the setup_context and backward registered for it above:
     the same graph node, without the registered kernel's per-call Python (argument normalisation, a
@@ -292,6 +317,7 @@ def eager_function(op, setup_context, backward):
     name = f"{op.name().split('::')[-1]}_eager"
     methods = {"forward": staticmethod(forward), "backward": staticmethod(backward)}
     return type(name, (torch.autograd.Function,), methods).apply
+
 
 EAGER = {
     kind: (op.default, eager_function(op.default, setup_context, backward))
@@ -342,6 +368,7 @@ def halved_planes_adjoint(g: torch.Tensor) -> torch.Tensor:
     g0, g2, gr, gi = g.float().unflatten(1, (4, -1)).unbind(1)
     s, t = (g0 + g2) * 0.5, (g0 - g2) * 0.5
     return torch.stack([s + 0.5 * gr, t - 0.5 * gi, s - 0.5 * gr, t + 0.5 * gi], dim=-1).flatten(1)
+
 
 # ---- The layer op (x (..., 4c); autograd and autocast in C++) ----
 @torch.library.register_fake("flash_eqlinear::eq_linear")

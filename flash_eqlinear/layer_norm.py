@@ -18,9 +18,6 @@ import torch.nn.functional as F
 from ._extension import debug_switch
 from .ops import _autocast_dtype, backend_for, kernels_available
 
-if kernels_available():
-    from ._registry import eager_function
-
 __all__ = ["group_layer_norm", "fused_layer_norm_applies", "expand_over_group"]
 
 _MAX_FIELDS = 512  # the kernels' limit: c <= 512 (C <= 2048 channels per row)
@@ -103,32 +100,14 @@ def stock_group_layer_norm(x, weight_e, bias_e, eps: float, out_dtype: torch.dty
 
 def fused_group_layer_norm(x, weight, bias, eps: float, dtype: torch.dtype) -> torch.Tensor:
     """The fused op on x (..., 4c) with output dtype ``dtype``, where :func:`fused_dtype` gave it (checked
-    there; GroupLayerNorm calls both, one decision per call)."""
-    x2 = x.reshape(-1, x.shape[-1])
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad):
-        y = _EAGER(x2, weight, bias, eps, dtype)[0]
-    else:
-        with torch._C._AutoDispatchBelowAutograd():
-            y = torch.ops.flash_eqlinear.group_layer_norm_fwd(x2, weight, bias, eps, dtype)[0]
-    return y.view(x.shape)
-
-
-def _grads(ctx, grad_y):
-    """(grad_x, grad_weight, grad_bias) as the context asks for them; with create_graph=True by stock ops on
-    the saved tensors, so that they are differentiable themselves (gradient penalties, double backward)."""
-    x, weight, mean, rstd = ctx.saved_tensors
-    needs_x, needs_wb = ctx.needs_input_grad[0], ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-    if grad_y is None:  # (grads not materialized: only mean or rstd, never exposed, reached)
-        return None, None, None
-    if torch.is_grad_enabled():
-        return _differentiable_grads(grad_y, x, weight, ctx.eps, needs_x, needs_wb)
-    gx, gw, gb = torch.ops.flash_eqlinear.group_layer_norm_bwd(
-        grad_y, x, weight, mean, rstd, needs_x, needs_wb
-    )
-    return gx if needs_x else None, gw if needs_wb else None, gb if needs_wb else None
+    there; GroupLayerNorm calls both, one decision per call). The op's autograd node and backward are C++
+    (csrc/eq_group_layer_norm_api.cpp)."""
+    return _FWD(x.reshape(-1, x.shape[-1]), weight, bias, eps, dtype)[0].view(x.shape)
 
 
 def _differentiable_grads(grad_y, x, weight, eps, needs_x, needs_wb):
+    """(grad_x, grad_weight, grad_bias) of the norm by stock ops, differentiable themselves
+    (create_graph=True: gradient penalties, double backward); None for those not needed."""
     G = x.shape[-1] // weight.shape[0]
     xf, g = x.float(), grad_y.float()
     mean = xf.mean(-1, keepdim=True)
@@ -177,17 +156,10 @@ if kernels_available():
             weight.new_empty((c,) if needs_wb else (0,)),
         )
 
-    def _setup_context(ctx, inputs, output):
-        x, weight, _, eps, _ = inputs
-        ctx.eps = eps
-        ctx.save_for_backward(x, weight, output[1], output[2])
-        ctx.set_materialize_grads(False)  # (no zero gradients made for mean and rstd)
+    @torch.library.impl("flash_eqlinear::group_layer_norm_grads_differentiable", "CompositeImplicitAutograd")
+    def _group_layer_norm_grads_differentiable(grad_y, x, weight, eps, needs_x, needs_wb):
+        """The C++ node's backward under create_graph=True; gradients not needed come back as empty (0,)."""
+        grads = _differentiable_grads(grad_y, x, weight, eps, needs_x, needs_wb)
+        return tuple(grad_y.new_empty((0,)) if t is None else t for t in grads)
 
-    def _backward(ctx, grad_y, _grad_mean, _grad_rstd):
-        return *_grads(ctx, grad_y), None, None
-
-    torch.library.register_autograd(
-        "flash_eqlinear::group_layer_norm_fwd", _backward, setup_context=_setup_context
-    )
-    # Eager calls: the same node as an autograd.Function, without the registered kernel's per-call Python.
-    _EAGER = eager_function(torch.ops.flash_eqlinear.group_layer_norm_fwd.default, _setup_context, _backward)
+    _FWD = torch.ops.flash_eqlinear.group_layer_norm_fwd.default

@@ -74,7 +74,6 @@ def reference_form(x: torch.Tensor, group_size: int, c: int, d: int, dense_kept:
     return "dense"
 
 
-
 def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
     """The dtype autocast casts x's device type to, or None where autocast is off there."""
     dev = x.device.type
@@ -136,7 +135,6 @@ def _autocast_and_check(x, weight, bias, group_size):
     x_dtype = weight.dtype if keep32 else None
     dims = reference.check_inputs(x, weight, bias, group_size, "planes", input_dtype=x_dtype)
     return x, weight, bias, keep32, dims
-
 
 
 def flash_eq_mlp(x, weight1, bias1, weight2, bias2, group_size: int = 4) -> torch.Tensor:
@@ -302,8 +300,21 @@ def _train_form(dtype, x_fp32, c, d, device_index, needs_x, needs_p, needs_b, ch
     if device_index is None:
         device_index = torch.cuda.current_device()
     env = os.environ.get
-    key = (dtype, x_fp32, c, d, device_index, needs_x, needs_p, needs_b, chunks, env("FLASH_EQLINEAR_DEBUG"),
-           env("FLASH_EQLINEAR_SM90"), env("FLASH_EQLINEAR_FP32"), torch.backends.cuda.matmul.allow_tf32)
+    key = (
+        dtype,
+        x_fp32,
+        c,
+        d,
+        device_index,
+        needs_x,
+        needs_p,
+        needs_b,
+        chunks,
+        env("FLASH_EQLINEAR_DEBUG"),
+        env("FLASH_EQLINEAR_SM90"),
+        env("FLASH_EQLINEAR_FP32"),
+        torch.backends.cuda.matmul.allow_tf32,
+    )
     form = _TRAIN_FORMS.get(key)
     if form is None:
         op = torch.ops.flash_eqlinear.eq_linear_plan
@@ -328,8 +339,9 @@ def plan(
     :func:`flash_eq_linear_chunks`' parts. Returns a dict: "forward" (the forward's kernel: narrow,
     exact_fp32, split_tf32, tf32_hopper, tf32_gemm, hopper, gemm, mma), "fallback" (the kernel where a
     Hopper launcher declines the tensors), "train" (inference, plain, round_x, keep_planes, parts),
-    "weight_grad" (none, fused, gemm), "grad_x" (none, kernel, hopper_planes, gemm), "grad_x_kernel"
-    (where grad_x is the forward's kernel on the adjoint planes) and "why" (the reasons, a list of str).
+    "weight_grad" (none, fused, gemm), "weight_grad_kernel" (where fused: hopper, mma, fp32), "grad_x" (none,
+    kernel, hopper_planes, gemm), "grad_x_kernel" (where grad_x is the forward's kernel on the adjoint planes)
+    and "why" (the reasons, a list of str).
     Depends on the switches (README, "Switches") and PyTorch's TF32 setting as they are when called."""
     if not kernels_available():
         raise RuntimeError(f"flash_eqlinear.ops.plan needs the fused kernels: {kernel_import_error()}")
@@ -361,8 +373,18 @@ def explain(layer, x: torch.Tensor, chunks: int = 0) -> dict:
     dtype = cast if cast is not None and weight.dtype != torch.float64 else weight.dtype
     grad = torch.is_grad_enabled()
     needs = [grad and t is not None and t.requires_grad for t in (x, weight, bias)]
-    out = plan(x.numel() // max(x.shape[-1], 1), c, d, dtype, x.device, needs_x=needs[0], needs_p=needs[1],
-               needs_b=needs[2], x_fp32=keep32, chunks=chunks)
+    out = plan(
+        x.numel() // max(x.shape[-1], 1),
+        c,
+        d,
+        dtype,
+        x.device,
+        needs_x=needs[0],
+        needs_p=needs[1],
+        needs_b=needs[2],
+        x_fp32=keep32,
+        chunks=chunks,
+    )
     return {"backend": "cuda", **out}
 
 
@@ -376,4 +398,3 @@ def _fused_eager(x) -> bool:
         and not torch.compiler.is_compiling()
         and not torch._C._are_functorch_transforms_active()
     )
-

@@ -112,6 +112,25 @@ def test_inference_without_casts_runs_stock_ops():
         assert not fused_layer_norm_applies(x.float(), w, 4, None)
 
 
+@pytest.mark.parametrize("autocast_output", [False, True])
+def test_training_node_is_cpp(autocast_output):
+    """A training call's node is the C++ one (no Python in its bookkeeping nor in its backward), with the
+    gradients of the stock path."""
+    norm = GroupLayerNorm(256, autocast_output=autocast_output).to(DEV)
+    x = torch.randn(4, 33, 256, device=DEV, requires_grad=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = norm(x)
+    assert y.dtype == (torch.bfloat16 if autocast_output else torch.float32)
+    assert "GroupLayerNormFunction" in y.grad_fn.name(), y.grad_fn.name()
+    g = torch.randn_like(y)
+    got = torch.autograd.grad(y, (x, norm.weight, norm.bias), g)
+    xs = x.detach().double().requires_grad_()
+    ws, bs = (t.detach().double().requires_grad_() for t in (norm.weight, norm.bias))
+    want = torch.autograd.grad(stock(xs, ws, bs, torch.float64), (xs, ws, bs), g.double())
+    for a, w in zip(got, want, strict=True):
+        assert a.dtype == torch.float32 and rel_l2(a, w) < 1e-2, rel_l2(a, w)
+
+
 def test_opcheck():
     op = torch.ops.flash_eqlinear.group_layer_norm_fwd
     x, w, b = inputs(37, 24, torch.float32)

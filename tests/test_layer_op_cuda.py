@@ -172,6 +172,9 @@ PLAN_ROWS = [
     (F32, 256, 256, True, (0, 0, 0), False, 0, {}, {"forward": "tf32_hopper", "fallback": "tf32_gemm"}),
     (F32, 1024, 1024, True, (0, 0, 0), False, 0, {}, {"forward": "tf32_gemm"}),
     (BF16, 256, 256, False, (1, 1, 1), False, 0, {}, {"train": "plain", "weight_grad": "fused"}),
+    (BF16, 256, 256, False, (0, 1, 0), False, 0, {}, {"weight_grad_kernel": "hopper"}),
+    (F16, 255, 256, False, (0, 1, 0), False, 0, {}, {"weight_grad_kernel": "mma"}),  # (c odd)
+    (F32, 256, 256, False, (0, 1, 0), False, 0, {}, {"weight_grad_kernel": "fp32"}),
     (BF16, 512, 512, False, (1, 1, 1), False, 0, {}, {"train": "keep_planes", "weight_grad": "gemm"}),
     (BF16, 512, 512, False, (1, 1, 1), False, 0, {"keep_planes": "0"}, {"train": "plain"}),
     (BF16, 512, 512, False, (1, 1, 1), False, 0, {}, {"grad_x": "hopper_planes"}),
@@ -207,6 +210,7 @@ def test_plan_without_hopper_kernels(monkeypatch):
     assert ops.plan(0, 1024, 1024, F16, DEV)["forward"] == "gemm"
     p = ops.plan(0, 2048, 2048, BF16, DEV, needs_x=True, needs_p=True)
     assert (p["weight_grad"], p["grad_x"], p["train"]) == ("gemm", "gemm", "keep_planes")
+    assert ops.plan(0, 256, 256, BF16, DEV, needs_p=True)["weight_grad_kernel"] == "mma"
 
 
 def test_plan_rejects_unknown_debug_switch(monkeypatch):

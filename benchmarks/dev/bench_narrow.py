@@ -80,7 +80,7 @@ def main() -> None:
                 flush=True,
             )
     torch.backends.cuda.matmul.allow_tf32 = False
-    out = args.out or f"op_fwd_narrow_{env['commit']}.json"
+    out = args.out or "op_fwd_narrow.json"
     print(save_json(out, {"environment": env, "ceilings": ceil, "rows": rows}))
 
 

@@ -6,6 +6,7 @@ and the ops and autograd nodes with the most self CPU time. Compare with ``bench
 
 Usage:
   python benchmarks/dev/profile_host_step.py --model vit --scale B [--variants plain,flash --steps 3 --top 25]
+      [--python]   (then also cProfile's Python functions with the most own time per variant)
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--python", action="store_true", help="also cProfile the steps (Python functions)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("profile_host_step.py needs a CUDA device", file=sys.stderr)
@@ -59,6 +61,17 @@ def main(argv=None) -> int:
         averages = prof.key_averages()
         table = averages.table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=70)
         print(table)
+        if args.python:
+            import cProfile
+            import pstats
+
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(args.steps):
+                step()
+            torch.cuda.synchronize()
+            pr.disable()
+            pstats.Stats(pr).sort_stats("tottime").print_stats(args.top)
         model = step = None
         torch.cuda.empty_cache()
     return 0

@@ -167,9 +167,7 @@ def main(argv=None) -> int:
         tag = f"{args.model}{args.scale}_{args.mode}{'' if args.mode == 'train' else '_' + args.dtype}"
         tag += "_compiled" if args.compile else ""
         env = bn.environment(device)
-        path = save_json(
-            f"profile_net_{tag}_{env['commit']}.json", {"env": env, "args": vars(args), "rows": recs}
-        )
+        path = save_json(f"profile_net_{tag}.json", {"env": env, "args": vars(args), "rows": recs})
         path.with_suffix(".md").write_text(out + "\n")
         print(f"wrote {path}")
     return 0
