@@ -32,11 +32,14 @@ from .ops import (
     rounded_group_weight,
 )
 
-__all__ = ["FlashEQLinear", "NaiveEQLinear", "LAYOUT_KEY"]
+__all__ = ["FlashEQLinear", "NaiveEQLinear", "LAYOUT_KEY", "SOURCE_KEY"]
 
 # Recorded in each layer's state-dict metadata so that loading can tell the weight layouts apart
 # even where the shapes (T, d, c) and (d, c, T) coincide.
 LAYOUT_KEY = "eq_layout"
+# Recorded for a FlashEQLinear swapped in for a naive layer (swap_eq_linear(params="planes")): the naive
+# layout it came from (FlashEQLinear.naive_source), so that its checkpoints convert back.
+SOURCE_KEY = "eq_naive_source"
 
 
 def _split_features(in_features: int, out_features: int, group_size: int) -> tuple[int, int, int]:
@@ -58,9 +61,13 @@ def _init_group_weight(d, c, T, device, dtype):
 
 
 class ParamCache:
-    """For modules with parameters ``weight`` and ``bias`` (or None): tensors derived from them (a cast, an
-    expansion) kept for inference calls (:meth:`_caches`, :meth:`_cached`). Set ``self._cache = None`` in
-    ``__init__``."""
+    """For modules with parameters ``weight`` and ``bias`` (or None; others override :meth:`_cache_params`):
+    tensors derived from them (a cast, an expansion) kept for inference calls (:meth:`_caches`,
+    :meth:`_cached`). Set ``self._cache = None`` in ``__init__``."""
+
+    def _cache_params(self) -> tuple:
+        """(weight, bias or None): the parameters the kept tensors derive from."""
+        return self.weight, self.bias
 
     def _caches(self) -> bool:
         """Whether this call may reuse tensors derived from the parameters (:meth:`_cached`): eval mode,
@@ -69,7 +76,7 @@ class ParamCache:
         optimizers (``fused=True``) update parameters without bumping their version."""
         if torch.compiler.is_compiling():
             return False
-        w, b = self.weight, self.bias
+        w, b = self._cache_params()
         grads = torch.is_grad_enabled() and (w.requires_grad or (b is not None and b.requires_grad))
         if self.training or grads:
             if getattr(self, "_cache", None) is not None:  # (a module's setattr costs host time)
@@ -84,7 +91,7 @@ class ParamCache:
         ``load_state_dict``) or a new tensor invalidates it, and :meth:`_caches` drops it in calls that
         record gradients; writes through ``.data`` are not seen (call ``.eval()`` again after them). One
         entry per layer, never saved or pickled. Callers check :meth:`_caches` first."""
-        w, b = self.weight, self.bias
+        w, b = self._cache_params()
         key = (tag, w.data_ptr(), w._version, torch.is_inference_mode_enabled())
         if b is not None:
             key += (b.data_ptr(), b._version)
@@ -126,6 +133,7 @@ class _EQLinearBase(ParamCache, nn.Module):
         self.reset_parameters()
         self.register_state_dict_post_hook(_record_layout)
         self._cache = None
+        self.naive_source = None  # swapped in for a naive layer: that layer's layout (SOURCE_KEY)
 
     def _from_group(self, w: torch.Tensor) -> torch.Tensor:
         """Group-domain weight (d, c, T) -> this layer's parameter layout."""
@@ -148,6 +156,11 @@ class _EQLinearBase(ParamCache, nn.Module):
         # Accept the other layout (by metadata) and reference-style entries. A copy of the
         # metadata: it is the caller's state_dict._metadata entry (loading twice must work).
         meta = dict(local_metadata or {})
+        from .layouts import naive_layouts  # (layouts imports this module)
+
+        for name in {n for lay in naive_layouts() for n in lay.buffers}:  # a naive layer's index buffers
+            if prefix + name in state_dict and name not in self._buffers:
+                del state_dict[prefix + name]  # accepted, not kept (a layer swapped in keeps them itself)
         if not convert_layer_entries(state_dict, prefix, meta, self._layout, self.weight.dtype):
             # No layout metadata (e.g. a hand-built dict): convert the other layout's weight only
             # where its shape cannot be mistaken for this layer's.
@@ -189,6 +202,9 @@ class _EQLinearBase(ParamCache, nn.Module):
 
 def _record_layout(module, state_dict, prefix, local_metadata):
     local_metadata[LAYOUT_KEY] = module._layout
+    source = getattr(module, "naive_source", None)
+    if source:
+        local_metadata[SOURCE_KEY] = dict(source)
 
 
 def _to_layout(w: torch.Tensor, layout: str, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -393,6 +409,15 @@ def convert_layer_entries(state_dict, prefix: str, local_metadata, layout="plane
     """
     wkey, bkey = prefix + "weights", prefix + "c"
     ref = state_dict.get(wkey)
+    w4 = state_dict.get(prefix + "weight")
+    if isinstance(w4, torch.Tensor) and w4.dim() == 4 and w4.shape[1] == 1:  # weight (d, 1, c, T), bias (d,)
+        w = w4.squeeze(1)
+        state_dict[prefix + "weight"] = _to_layout(w, "planes", dtype) if layout == "planes" else w
+        b = state_dict.get(prefix + "bias")
+        if isinstance(b, torch.Tensor) and b.dim() == 2 and b.shape[1] == 1:
+            state_dict[prefix + "bias"] = b.reshape(-1)
+        local_metadata[LAYOUT_KEY] = layout
+        return True
     if isinstance(ref, torch.Tensor) and ref.dim() == 4 and ref.shape[1] == 1:
         w = ref.squeeze(1)
         state_dict[prefix + "weight"] = _to_layout(w, "planes", dtype) if layout == "planes" else w

@@ -361,11 +361,13 @@ def plan(
 
 
 def explain(layer, x: torch.Tensor, chunks: int = 0) -> dict:
-    """The plan (:func:`plan`) of ``layer(x)`` (a ``FlashEQLinear``) as called now: train or eval, grad mode,
-    autocast and the switches as they are; ``chunks`` = 3: of ``layer.forward_chunks(x, 3)``. Where the call
-    runs off the fused kernels, {"backend": "reference", "form": "fourier" or "dense"} instead."""
-    T, c, d = layer.group_size, layer.c, layer.d
-    weight, bias = layer.weight, layer.bias
+    """The plan (:func:`plan`) of ``layer(x)`` (a ``FlashEQLinear`` or ``SwappedEQLinear``) as called now:
+    train or eval, grad mode, autocast and the switches as they are; ``chunks`` = 3: of
+    ``layer.forward_chunks(x, 3)``. Where the call runs off the fused kernels, {"backend": "reference",
+    "form": "fourier" or "dense"} instead."""
+    T = layer.group_size
+    c, d = layer.in_features // T, layer.out_features // T
+    weight, bias = layer._params_for(x)  # (SwappedEQLinear: the planes of its group weight)
     cast = _autocast_dtype(x)
     if backend_for(x, T) != "cuda":
         return {"backend": "reference", "form": reference_form(x, T, c, d, dense_kept=not layer.training)}

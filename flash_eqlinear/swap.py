@@ -1,4 +1,5 @@
-"""Replace naive EQ-Linear layers of a model, or the entries of a checkpoint, by FlashEQLinear."""
+"""Replace naive EQ-Linear layers of a model by fused ones (keeping their parameters, or as FlashEQLinear's
+planes), and convert checkpoints' entries between the naive layouts and FlashEQLinear's."""
 
 from __future__ import annotations
 
@@ -10,35 +11,42 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from .modules import LAYOUT_KEY, FlashEQLinear, NaiveEQLinear, convert_layer_entries
+from .layouts import SwappedEQLinear, find_layout
+from .modules import LAYOUT_KEY, SOURCE_KEY, FlashEQLinear, _to_layout, convert_layer_entries
 
-__all__ = ["swap_eq_linear", "convert_state_dict", "is_naive_eq_linear"]
+__all__ = ["swap_eq_linear", "convert_state_dict", "naive_state_dict", "is_naive_eq_linear"]
+
+PARAMS = ("keep", "planes")
+# NaiveEQLinear's layout, where a FlashEQLinear records none (FlashEQLinear.naive_source's form)
+_NAIVE_SOURCE = {"layout": "naive", "weight": "weight", "weight_dim": 3, "bias": "bias", "bias_dim": 1}
 
 
 def is_naive_eq_linear(module: nn.Module) -> bool:
-    """NaiveEQLinear, or a reference-style layer: Parameter ``weights`` (d, 1, c, T), int
-    attribute ``tranNum`` equal to T, optional Parameter ``c`` (d, 1)."""
-    if isinstance(module, NaiveEQLinear):
-        return True
-    w = getattr(module, "weights", None)
-    T = getattr(module, "tranNum", None)
-    if not isinstance(w, torch.Tensor) or isinstance(T, bool) or not isinstance(T, int):
-        return False
-    if w.dim() != 4 or w.shape[1] != 1 or w.shape[-1] != T:
-        return False
-    b = getattr(module, "c", None)
-    return b is None or (isinstance(b, torch.Tensor) and tuple(b.shape) == (w.shape[0], 1))
+    """Whether ``module`` is a naive EQ-Linear of a known layout (:func:`flash_eqlinear.layouts.find_layout`:
+    ``NaiveEQLinear``, reference-style layers, ``weight`` (d, 1, c, T) with an index buffer, and the layouts
+    registered with :func:`flash_eqlinear.layouts.register_naive_layout`)."""
+    return find_layout(module) is not None
 
 
 def _flash_from(module: nn.Module) -> FlashEQLinear:
-    if isinstance(module, NaiveEQLinear):
-        w, b = module.weight, module.bias
-    else:
-        w, b = module.weights, getattr(module, "c", None)
-    layer = FlashEQLinear.from_naive(w.detach(), None if b is None else b.detach())
+    """FlashEQLinear (planes) equal to ``module``, remembering the naive layout it came from (for export back)
+    and keeping the naive layer's buffers (e.g. an index buffer: its checkpoint entries stay)."""
+    layout = find_layout(module)
+    w, b, _ = layout.parameters_of(module)
+    layer = FlashEQLinear.from_naive(w.detach(), None if b is None else b.detach().reshape(-1))
     layer.weight.requires_grad_(w.requires_grad)
     if layer.bias is not None:
         layer.bias.requires_grad_(b.requires_grad)
+    for name, buf in module.named_buffers(recurse=False):
+        if not hasattr(layer, name):
+            layer.register_buffer(name, buf, persistent=name not in module._non_persistent_buffers_set)
+    layer.naive_source = {
+        "layout": layout.name,
+        "weight": layout.weight,
+        "weight_dim": w.dim(),
+        "bias": layout.bias if b is not None else None,
+        "bias_dim": None if b is None else b.dim(),
+    }
     return layer.train(module.training)
 
 
@@ -53,8 +61,17 @@ def _selector(include) -> Callable[[str, nn.Module], bool]:
     return lambda name, module: any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-def swap_eq_linear(model: nn.Module, include=None) -> list[str]:
-    """Replace, in place, every naive EQ-Linear in ``model`` by an equivalent FlashEQLinear.
+def swap_eq_linear(model: nn.Module, include=None, params: str = "keep") -> list[str]:
+    """Replace, in place, every naive EQ-Linear in ``model`` (:func:`is_naive_eq_linear`) by a fused one.
+
+    ``params="keep"`` (default): a :class:`~flash_eqlinear.layouts.SwappedEQLinear` holding the naive layer's
+    own parameters and buffers: ``state_dict`` keys and shapes, optimizers built before the swap (their
+    state too) and checkpoints in both directions stay as they were, and any optimizer follows the naive
+    model's trajectory to rounding; each training forward transforms the weight (small). ``params="planes"``:
+    a :class:`FlashEQLinear` whose parameters are the frequency planes (new Parameter objects: build
+    optimizers after the swap; Adam-type optimizers then take a different trajectory than on the naive
+    parameters, SGD the same; checkpoints convert on load, and back with
+    :func:`naive_state_dict`); no transform per step.
 
     ``include``: None (all), a predicate ``(qualified_name, module) -> bool``, or glob patterns
     on qualified names (``"blocks.*.mlp.*"``). Keeps device, dtype, requires_grad and train/eval
@@ -65,6 +82,8 @@ def swap_eq_linear(model: nn.Module, include=None) -> list[str]:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if params not in PARAMS:
+        raise ValueError(f"params must be one of {PARAMS}, got {params!r}")
     keep = _selector(include)
     if is_naive_eq_linear(model) and keep("", model):
         raise ValueError(
@@ -85,7 +104,7 @@ def swap_eq_linear(model: nn.Module, include=None) -> list[str]:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         if id(module) not in new:
-            new[id(module)] = _flash_from(module)
+            new[id(module)] = SwappedEQLinear(module) if params == "keep" else _flash_from(module)
         setattr(parent, attr, new[id(module)])
     return [name for name, _ in targets]
 
@@ -131,3 +150,37 @@ def convert_state_dict_with_names(state_dict, only=None):
             converted.append(prefix[:-1])
     out._metadata = meta
     return out, converted
+
+
+def naive_state_dict(source) -> OrderedDict[str, torch.Tensor]:
+    """A state_dict (or a model's) with FlashEQLinear's planes entries converted back to the naive layout they
+    came from: the layout recorded by :func:`swap_eq_linear` (``params="planes"``), e.g. reference-style
+    ``weights`` (d, 1, c, T) and ``c`` (d, 1), so that the checkpoint loads into the original code; a
+    FlashEQLinear made otherwise comes back as ``NaiveEQLinear``'s ``weight`` (d, c, T) and ``bias`` (d,).
+    The conversion is orthogonal, in float64, rounded once to each entry's dtype. Other entries (those of
+    :class:`~flash_eqlinear.layouts.SwappedEQLinear`, already naive, included) are copied unchanged."""
+    sd = source.state_dict() if isinstance(source, nn.Module) else source
+    if not isinstance(sd, dict):
+        raise TypeError(f"expected a state_dict or an nn.Module, got {type(source).__name__}")
+    out = OrderedDict(sd)
+    meta = OrderedDict((k, dict(v)) for k, v in getattr(sd, "_metadata", {}).items())
+    for name, local in meta.items():
+        prefix = name + "." if name else ""
+        planes = out.get(prefix + "weight")
+        if local.get(LAYOUT_KEY) != "planes" or not isinstance(planes, torch.Tensor) or planes.dim() != 3:
+            continue
+        src = local.pop(SOURCE_KEY, None) or {
+            "weight": "weight",
+            "weight_dim": 3,
+            "bias": "bias",
+            "bias_dim": 1,
+        }
+        w = _to_layout(planes, "group")  # (d, c, T)
+        bias = out.pop(prefix + "bias", None)
+        del out[prefix + "weight"]
+        out[prefix + src["weight"]] = w.unsqueeze(1) if src["weight_dim"] == 4 else w
+        if bias is not None and src["bias"]:
+            out[prefix + src["bias"]] = bias.reshape(-1, 1) if src["bias_dim"] == 2 else bias
+        local[LAYOUT_KEY] = "group"
+    out._metadata = meta
+    return out

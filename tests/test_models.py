@@ -180,7 +180,7 @@ def test_pos_embed_and_lifting_are_equivariant():
 
 def _swap_copy(model: nn.Module) -> tuple[nn.Module, list[str]]:
     flash = copy.deepcopy(model)
-    return flash, swap_eq_linear(flash)
+    return flash, swap_eq_linear(flash, params="planes")
 
 
 def test_group_layer_norm_inference_keeps_expanded_params():
@@ -336,7 +336,7 @@ def test_migration_reference_checkpoint_end_to_end(kind, tmp_path):
     assert sum(isinstance(m, FlashEQLinear) for m in swapped.modules()) == n_ref
     # (b) a freshly built (differently initialised) model, swapped, loaded from the converted file.
     fresh = tiny(kind, "naive", seed=123, linear_layer=ref_style_layer)
-    swap_eq_linear(fresh)
+    swap_eq_linear(fresh, params="planes")
     ckpt = torch.load(dst, weights_only=True)
     assert ckpt["epoch"] == 7
     with torch.no_grad():

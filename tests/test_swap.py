@@ -67,7 +67,7 @@ def test_swap_replaces_all_and_keeps_outputs(T, gen):
     x = torch.randn(2, 5, 4 * T, generator=gen, dtype=F64)
     with torch.no_grad():
         before = model(x)
-    names = fe.swap_eq_linear(model)
+    names = fe.swap_eq_linear(model, params="planes")
     assert sorted(names) == sorted(EQ_NAMES)
     for name in EQ_NAMES:
         m = model.get_submodule(name)
@@ -84,8 +84,8 @@ def test_swap_replaces_all_and_keeps_outputs(T, gen):
 
 def test_swap_is_idempotent():
     model = _model()
-    assert len(fe.swap_eq_linear(model)) == len(EQ_NAMES)
-    assert fe.swap_eq_linear(model) == []
+    assert len(fe.swap_eq_linear(model, params="planes")) == len(EQ_NAMES)
+    assert fe.swap_eq_linear(model, params="planes") == []
 
 
 def test_swap_include_globs(gen):
@@ -93,7 +93,7 @@ def test_swap_include_globs(gen):
     x = torch.randn(3, 8, generator=gen, dtype=F64)
     with torch.no_grad():
         before = model(x)
-    names = fe.swap_eq_linear(model, include=["blocks.*.mlp.*", "stem"])
+    names = fe.swap_eq_linear(model, params="planes", include=["blocks.*.mlp.*", "stem"])
     assert sorted(names) == sorted(EQ_NAMES[:5])
     assert isinstance(model.heads["a"], fe.NaiveEQLinear) and isinstance(model.heads["b"], RefEQLinear)
     assert isinstance(model.blocks[1].mlp[2], fe.FlashEQLinear)
@@ -103,7 +103,7 @@ def test_swap_include_globs(gen):
 
 def test_swap_include_single_glob_string():
     model = _model()
-    assert fe.swap_eq_linear(model, include="heads.*") == ["heads.a", "heads.b"]
+    assert fe.swap_eq_linear(model, params="planes", include="heads.*") == ["heads.a", "heads.b"]
 
 
 def test_swap_include_predicate():
@@ -114,7 +114,7 @@ def test_swap_include_predicate():
         seen.append(name)
         return isinstance(module, RefEQLinear)
 
-    names = fe.swap_eq_linear(model, include=pred)
+    names = fe.swap_eq_linear(model, params="planes", include=pred)
     assert sorted(names) == sorted(["stem", "blocks.0.mlp.0", "blocks.1.mlp.0", "heads.b"])
     assert set(seen) == set(EQ_NAMES)  # only candidate layers are offered to the predicate
     assert isinstance(model.heads["a"], fe.NaiveEQLinear)
@@ -127,7 +127,7 @@ def test_swap_keeps_eval_mode_and_frozen_params():
     model.heads["a"].weight.requires_grad_(False)
     model.stem.c.requires_grad_(False)
     model.blocks[1].train()
-    fe.swap_eq_linear(model)
+    fe.swap_eq_linear(model, params="planes")
     assert not model.blocks[0].mlp[0].training and not model.stem.training
     assert model.blocks[1].mlp[0].training and model.blocks[1].mlp[2].training
     assert not model.blocks[0].mlp[0].weight.requires_grad
@@ -140,15 +140,15 @@ def test_swap_keeps_eval_mode_and_frozen_params():
 @pytest.mark.parametrize("dtype", [F64, torch.float32])
 def test_swap_keeps_dtype(dtype):
     model = _model().to(dtype)
-    fe.swap_eq_linear(model)
+    fe.swap_eq_linear(model, params="planes")
     assert all(p.dtype == dtype for p in model.parameters())
 
 
 def test_swap_root_and_non_module():
     layer = fe.NaiveEQLinear(8, 8)
     with pytest.raises(ValueError, match="itself a naive EQ-Linear.*from_naive"):
-        fe.swap_eq_linear(layer)  # the root itself cannot be replaced in place
-    assert fe.swap_eq_linear(layer, include="blocks.*") == []  # not selected: nothing to do
+        fe.swap_eq_linear(layer, params="planes")  # the root itself cannot be replaced in place
+    assert fe.swap_eq_linear(layer, params="planes", include="blocks.*") == []  # not selected: nothing to do
     assert isinstance(layer, fe.NaiveEQLinear)
     with pytest.raises(TypeError, match="nn.Module"):
         fe.swap_eq_linear({"a": layer})
@@ -160,7 +160,7 @@ def test_swap_shared_layer_replaced_everywhere(gen):
     x = torch.randn(3, 8, generator=gen, dtype=F64)
     with torch.no_grad():
         before = model(x)
-    fe.swap_eq_linear(model)
+    fe.swap_eq_linear(model, params="planes")
     assert isinstance(model[0], fe.FlashEQLinear) and model[2] is model[0]  # still shared
     with torch.no_grad():
         assert rel_l2(model(x), before) < 1e-13
@@ -171,7 +171,7 @@ def test_swap_shared_layer_selected_under_one_name(gen):
     shared = fe.NaiveEQLinear(8, 8, dtype=F64)
     model = nn.Module()
     model.a, model.b, model.other = shared, shared, fe.NaiveEQLinear(8, 8, dtype=F64)
-    assert fe.swap_eq_linear(model, include="a") == ["a", "b"]
+    assert fe.swap_eq_linear(model, params="planes", include="a") == ["a", "b"]
     assert isinstance(model.a, fe.FlashEQLinear) and model.b is model.a
     assert isinstance(model.other, fe.NaiveEQLinear)
 
@@ -205,7 +205,7 @@ def test_convert_state_dict_loads_into_swapped_model(T, gen):
     with torch.no_grad():
         for p in fresh.parameters():
             p.zero_()  # make sure the outputs come from the loaded checkpoint
-    fe.swap_eq_linear(fresh)
+    fe.swap_eq_linear(fresh, params="planes")
     fresh.load_state_dict(new)  # strict
     with torch.no_grad():
         assert rel_l2(fresh(x), before) < 1e-13
@@ -218,7 +218,7 @@ def test_convert_state_dict_ambiguous_shapes(gen):
     with torch.no_grad():
         before = model(x)
     new = fe.convert_state_dict(model.state_dict())
-    fe.swap_eq_linear(model)
+    fe.swap_eq_linear(model, params="planes")
     model.load_state_dict(new)
     with torch.no_grad():
         assert rel_l2(model(x), before) < 1e-13
@@ -229,7 +229,7 @@ def test_convert_state_dict_ambiguous_shapes(gen):
 
 def test_swapped_model_state_dict_round_trip(gen):
     model = _model()
-    fe.swap_eq_linear(model)
+    fe.swap_eq_linear(model, params="planes")
     other = copy.deepcopy(model)
     for p in other.parameters():
         p.data.zero_()
@@ -263,3 +263,155 @@ def test_convert_state_dict_only_named_layers():
     with pytest.warns(UserWarning, match=r"no entries under \['fc9'\].*'module\.'"):
         out = fe.convert_state_dict(sd, only=["eq", "fc9"])  # e.g. a name without its wrapper's prefix
     assert "eq.weight" in out
+
+
+# ---- The default swap keeps the naive layers' parameters (SwappedEQLinear) ----
+
+
+class IndexEQLinear(nn.Module):
+    """The other public layout: ``weight`` (d, 1, c, T), ``bias`` (d,), a persistent index buffer, T from the
+    weight; the reference convention (output copy t uses the weight rolled by t)."""
+
+    def __init__(self, in_features, out_features, T=4):
+        super().__init__()
+        c, d = in_features // T, out_features // T
+        self.weight = nn.Parameter(torch.randn(d, 1, c, T) / (c * T) ** 0.5)
+        self.bias = nn.Parameter(torch.randn(d))
+        self.register_buffer("shift_index", torch.arange(T).repeat(T, 1))
+
+    def forward(self, x):
+        d, _, c, T = self.weight.shape
+        W = torch.cat([torch.roll(self.weight, t, -1) for t in range(T)], 1).reshape(d * T, c * T)
+        return x @ W.t() + self.bias.repeat_interleave(T)
+
+
+class Mixed(nn.Module):
+    def __init__(self, C=16, T=4):
+        super().__init__()
+        self.a = RefEQLinear(C, 2 * C, T)
+        self.b = IndexEQLinear(2 * C, C, T)
+        self.c = fe.NaiveEQLinear(C, C, group_size=T)
+
+    def forward(self, x):
+        return self.c(torch.tanh(self.b(torch.tanh(self.a(x)))))
+
+
+@pytest.mark.parametrize("C", [16, 1024])  # the dense form on CPU, and the Fourier form
+def test_default_swap_keeps_parameters_state_dict_and_adamw_trajectory(C, gen):
+    torch.manual_seed(0)
+    naive = Mixed(C).double()
+    fast = copy.deepcopy(naive)
+    opt_naive = torch.optim.AdamW(naive.parameters(), lr=1e-2, weight_decay=0.05)
+    opt_fast = torch.optim.AdamW(fast.parameters(), lr=1e-2, weight_decay=0.05)  # built before the swap
+    params_before = dict(fast.named_parameters())
+    sd_before = {k: tuple(v.shape) for k, v in fast.state_dict().items()}
+    assert fe.swap_eq_linear(fast) == ["a", "b", "c"]
+    assert all(isinstance(m, fe.SwappedEQLinear) for m in (fast.a, fast.b, fast.c))
+    assert {k: p for k, p in fast.named_parameters()} == params_before  # the same Parameter objects
+    assert {k: tuple(v.shape) for k, v in fast.state_dict().items()} == sd_before
+    x = torch.randn(3, 7, C, generator=gen, dtype=F64)
+    with torch.no_grad():
+        assert rel_l2(fast(x), naive(x)) < 1e-12
+    for _ in range(5):
+        for model, opt in ((naive, opt_naive), (fast, opt_fast)):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+    for (name, p), q in zip(naive.named_parameters(), fast.parameters(), strict=True):
+        assert rel_l2(q, p) < 1e-10, name
+    # checkpoints in both directions, no conversion
+    back = Mixed(C).double()
+    back.load_state_dict(fast.state_dict())
+    fast.load_state_dict(naive.state_dict())
+
+
+def test_swapped_layer_inference_keeps_planes_and_training_drops_them(gen):
+    layer = RefEQLinear(1024, 1024).double()
+    swapped = fe.SwappedEQLinear(layer).eval()
+    x = torch.randn(300, 1024, generator=gen, dtype=F64)  # the Fourier form (planes) on CPU
+    with torch.no_grad():
+        y = swapped(x)
+        kept = swapped._cache[2]
+        assert torch.equal(swapped(x), y) and swapped._cache[2] is kept
+        layer.weights.add_(1.0)  # an in-place update: made again
+        assert rel_l2(swapped(x), layer(x)) < 1e-12 and swapped._cache[2] is not kept
+    swapped.train()
+    swapped(x).sum().backward()
+    assert swapped._cache is None and layer.weights.grad is not None and layer.c.grad is not None
+
+
+def test_planes_swap_keeps_buffers_and_exports_back(gen):
+    torch.manual_seed(1)
+    naive = Mixed(16).double()
+    original = copy.deepcopy(naive.state_dict())
+    planes = copy.deepcopy(naive)
+    fe.swap_eq_linear(planes, params="planes")
+    assert all(type(m) is fe.FlashEQLinear for m in (planes.a, planes.b, planes.c))
+    assert torch.equal(planes.b.shift_index, naive.b.shift_index)  # the index buffer stays
+    planes.load_state_dict(original)  # the original checkpoint loads (converted on load)
+    x = torch.randn(4, 16, generator=gen, dtype=F64)
+    with torch.no_grad():
+        assert rel_l2(planes(x), naive(x)) < 1e-12
+    back = fe.naive_state_dict(planes)  # the naive layouts the layers came from
+    assert {k: tuple(v.shape) for k, v in back.items()} == {k: tuple(v.shape) for k, v in original.items()}
+    for k, v in original.items():
+        assert rel_l2(back[k], v) < 1e-14, k
+    restored = Mixed(16).double()
+    restored.load_state_dict(back)  # strict: loads into the original code
+    with torch.no_grad():
+        assert rel_l2(restored(x), naive(x)) < 1e-12
+    # a checkpoint file converted to planes loads into the planes model; its index buffer accepted
+    converted = fe.convert_state_dict(original)
+    fresh = Mixed(16).double()
+    fe.swap_eq_linear(fresh, params="planes")
+    fresh.load_state_dict(converted)
+    direct = fe.FlashEQLinear(32, 16).double()  # a FlashEQLinear without the buffer accepts the entry
+    direct.load_state_dict({k[2:]: v for k, v in original.items() if k.startswith("b.")})
+    with torch.no_grad():
+        assert rel_l2(fresh(x), naive(x)) < 1e-12
+        h = torch.randn(4, 32, generator=gen, dtype=F64)
+        assert rel_l2(direct(h), naive.b(h)) < 1e-12
+
+
+def test_registered_layout():
+    class Custom(nn.Module):  # a user's layer: weight (d, c, T) under "kernel", bias "offset", T in "order"
+        def __init__(self):
+            super().__init__()
+            self.order = 4
+            self.kernel = nn.Parameter(torch.randn(3, 2, 4, dtype=F64))
+            self.offset = nn.Parameter(torch.randn(3, dtype=F64))
+
+        def forward(self, x):
+            return fe.reference.naive_eq_linear(x, self.kernel, self.offset, 4)
+
+    model = nn.Sequential(Custom())
+    assert fe.swap_eq_linear(copy.deepcopy(model)) == []  # unknown layout: left alone
+    fe.register_naive_layout(
+        fe.NaiveLayout("custom", weight="kernel", bias="offset", group_size="order", classes=(Custom,))
+    )
+    fast = copy.deepcopy(model)
+    assert fe.swap_eq_linear(fast) == ["0"]
+    assert isinstance(fast[0], fe.SwappedEQLinear) and fast[0].kernel is not model[0].kernel
+    x = torch.randn(5, 8, dtype=F64)
+    with torch.no_grad():
+        assert rel_l2(fast(x), model(x)) < 1e-12
+    assert list(fast.state_dict()) == list(model.state_dict())
+
+
+def test_depthwise_conv_is_not_a_naive_layer():
+    conv = nn.Conv2d(8, 8, 4, groups=8)  # weight (8, 1, 4, 4), bias (8,): the weight_index shape, no index
+    assert not is_naive_eq_linear(conv)
+    assert fe.swap_eq_linear(nn.Sequential(conv)) == []
+
+
+def test_swapped_layer_loads_planes_checkpoints(gen):
+    torch.manual_seed(2)
+    naive = Mixed(16).double()
+    planes = copy.deepcopy(naive)
+    fe.swap_eq_linear(planes, params="planes")
+    kept = copy.deepcopy(Mixed(16).double())
+    fe.swap_eq_linear(kept)
+    kept.load_state_dict(planes.state_dict())  # FlashEQLinear's planes, converted on load
+    x = torch.randn(4, 16, generator=gen, dtype=F64)
+    with torch.no_grad():
+        assert rel_l2(kept(x), naive(x)) < 1e-12

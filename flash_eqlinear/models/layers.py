@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..layer_norm import expand_over_group, fused_dtype, fused_group_layer_norm, stock_group_layer_norm
+from ..layouts import SwappedEQLinear
 from ..modules import FlashEQLinear, NaiveEQLinear, ParamCache
 from ..ops import _autocast_dtype, backend_for, flash_eq_mlp
 from ..swap import is_naive_eq_linear
@@ -105,7 +106,9 @@ def build_model(cls, name: str, configs: dict, base: dict, scale, device, dtype,
 
 def is_linear_layer(module: nn.Module) -> bool:
     """nn.Linear, NaiveEQLinear/FlashEQLinear, or a reference-style EQ-Linear (``weights``, ``tranNum``)."""
-    return isinstance(module, (nn.Linear, NaiveEQLinear, FlashEQLinear)) or is_naive_eq_linear(module)
+    return isinstance(
+        module, (nn.Linear, NaiveEQLinear, FlashEQLinear, SwappedEQLinear)
+    ) or is_naive_eq_linear(module)
 
 
 def _check_fields(name: str, n: int, G: int) -> int:
@@ -246,13 +249,18 @@ class GroupPosEmbed(nn.Module):
         return f"grid_size={self.grid_size}, embed_dim={self.embed_dim}, group_size={self.group_size}"
 
 
+# The fused layers whose parameters the models' MLP and attention take for one fused call (_params_for).
+_FUSED = (FlashEQLinear, SwappedEQLinear)
+
+
 class Mlp(nn.Module):
     """Linear -> GELU -> Linear (GELU is pointwise, so it commutes with the group action).
 
-    With two :class:`~flash_eqlinear.FlashEQLinear` layers (without forward hooks, which a fused call
-    would skip) and the exact GELU, on the fused kernels one :func:`~flash_eqlinear.flash_eq_mlp` call (in
-    inference, GELU in the first layer's kernel where it can be); the same function either way. Off them
-    the layers run one by one (in inference, each with what it keeps).
+    With two fused layers (:class:`~flash_eqlinear.FlashEQLinear` or :class:`~flash_eqlinear.SwappedEQLinear`,
+    without forward hooks, which a fused call would skip) and the exact GELU, on the fused kernels one
+    :func:`~flash_eqlinear.flash_eq_mlp` call (in inference, GELU in the first layer's kernel where it can
+    be); the same function either way. Off them the layers run one by one (in inference, each with what it
+    keeps).
     """
 
     def __init__(self, variant: Variant, dim: int, hidden: int):
@@ -264,8 +272,8 @@ class Mlp(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fc1, fc2 = self.fc1, self.fc2
         if (
-            type(fc1) is FlashEQLinear
-            and type(fc2) is FlashEQLinear
+            type(fc1) in _FUSED
+            and type(fc2) in _FUSED
             and fc1.group_size == fc2.group_size
             and type(self.act) is nn.GELU
             and self.act.approximate == "none"
@@ -306,7 +314,7 @@ class Attention(nn.Module):
         # assembling one gradient of its whole output).
         qkv = self.qkv
         chunks = None
-        if type(qkv) is FlashEQLinear and not (qkv._forward_hooks or qkv._forward_pre_hooks):
+        if type(qkv) in _FUSED and not (qkv._forward_hooks or qkv._forward_pre_hooks):
             chunks = getattr(qkv, "forward_chunks", None)
         if x.dim() == 3:
             B, N, C = x.shape

@@ -1,0 +1,239 @@
+"""Naive EQ-Linear layouts of existing codebases, and the fused layer that keeps a naive layer's parameters.
+
+A *layout* says where a naive layer keeps its group-domain weight (``(d, 1, c, T)`` or ``(d, c, T)``), its
+bias (``(d, 1)`` or ``(d,)``, or none) and its group size, and which modules have it. Built in: our
+``NaiveEQLinear``; the reference style (``weights`` (d, 1, c, T), ``c`` (d, 1), ``tranNum``); and ``weight``
+(d, 1, c, T) / ``bias`` (d,) with an index buffer ``shift_index``, T from the weight. A user adds their own
+with :func:`register_naive_layout`; :func:`~flash_eqlinear.swap_eq_linear`, loading and the converter then
+know it too. All layouts compute the same function: output copy t of field o is
+``sum_{ci, s} x[ci, s] w[o, ci, (s - t) mod T] + b[o]``.
+
+:class:`SwappedEQLinear` is what :func:`~flash_eqlinear.swap_eq_linear` puts in place of a naive layer by
+default: it holds that layer's own ``Parameter`` objects and buffers under their names and shapes (so
+``state_dict`` keys, optimizers built before the swap and checkpoints are unchanged) and runs the fused
+kernels on the planes it computes from them (one small transform per training forward; kept in inference).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import reference
+from .fourier import naive_to_planes
+from .modules import LAYOUT_KEY, NaiveEQLinear, ParamCache, _to_layout
+from .ops import (
+    _LAYER_OP,
+    _autocast_dtype,
+    _fused_eager,
+    autocast_inputs,
+    backend_for,
+    check_chunks,
+    flash_eq_linear,
+    flash_eq_linear_chunks,
+    reference_form,
+)
+
+__all__ = ["NaiveLayout", "register_naive_layout", "naive_layouts", "find_layout", "SwappedEQLinear"]
+
+
+@dataclass(frozen=True)
+class NaiveLayout:
+    """Where a naive EQ-Linear keeps its parameters.
+
+    ``weight``: the attribute (a Parameter) holding the group-domain weight, (d, 1, c, T) or (d, c, T);
+    ``bias``: the attribute holding the bias, (d, 1) or (d,), absent or None for none (None here: never a
+    bias); ``group_size``: the int attribute holding T (None: T is the weight's last dimension);
+    ``classes``: the module classes that have this layout (empty: any module with these attributes);
+    ``requires``: further attributes (e.g. an index buffer) a module must have to match, which keeps a
+    layout such as ``weight`` (d, 1, c, T) from matching unrelated modules (a depthwise convolution's
+    weight has that shape too). Buffers of a matched module are kept by :class:`SwappedEQLinear` and dropped
+    when a checkpoint is converted to FlashEQLinear's planes.
+    """
+
+    name: str
+    weight: str = "weight"
+    bias: str | None = "bias"
+    group_size: str | None = None
+    classes: tuple[type, ...] = ()
+    requires: tuple[str, ...] = ()
+    buffers: tuple[str, ...] = field(default=())  # state-dict entries of buffers to drop on conversion
+
+    def parameters_of(self, module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
+        """(weight, bias or None, T) of ``module`` where it has this layout, else None."""
+        if self.classes and not isinstance(module, self.classes):
+            return None
+        if any(not hasattr(module, a) for a in self.requires):
+            return None
+        w = getattr(module, self.weight, None)
+        if not isinstance(w, nn.Parameter) or not w.is_floating_point() or w.dim() not in (3, 4):
+            return None
+        if w.dim() == 4 and w.shape[1] != 1:
+            return None
+        T = w.shape[-1]
+        if self.group_size is not None:
+            T = getattr(module, self.group_size, None)
+            if isinstance(T, bool) or not isinstance(T, int) or T != w.shape[-1]:
+                return None
+        b = getattr(module, self.bias, None) if self.bias else None
+        if b is not None and (not isinstance(b, torch.Tensor) or b.numel() != w.shape[0] or b.dim() > 2):
+            return None
+        return w, b, T
+
+
+_BUILT_IN = (
+    NaiveLayout("naive", classes=(NaiveEQLinear,), group_size="group_size"),
+    NaiveLayout("reference", weight="weights", bias="c", group_size="tranNum"),
+    NaiveLayout("weight_index", requires=("shift_index",), buffers=("shift_index",)),
+)
+_REGISTERED: list[NaiveLayout] = []
+
+
+def register_naive_layout(layout: NaiveLayout) -> NaiveLayout:
+    """Adds ``layout`` to the ones recognised (ahead of the built-in ones; a name registered again replaces
+    the earlier entry). Returns it."""
+    if not isinstance(layout, NaiveLayout):
+        raise TypeError(f"layout must be a NaiveLayout, got {type(layout).__name__}")
+    _REGISTERED[:] = [lay for lay in _REGISTERED if lay.name != layout.name]
+    _REGISTERED.insert(0, layout)
+    return layout
+
+
+def naive_layouts() -> tuple[NaiveLayout, ...]:
+    """The layouts recognised, in the order they are tried (registered ones first)."""
+    return (*_REGISTERED, *_BUILT_IN)
+
+
+def find_layout(module: nn.Module) -> NaiveLayout | None:
+    """The first layout that ``module`` has (:meth:`NaiveLayout.parameters_of`), or None."""
+    if isinstance(module, SwappedEQLinear):
+        return None
+    for layout in naive_layouts():
+        if layout.parameters_of(module) is not None:
+            return layout
+    return None
+
+
+def _record_group_layout(module, state_dict, prefix, local_metadata):
+    local_metadata[LAYOUT_KEY] = "group"  # (the naive layouts' weights are group-domain)
+
+
+class SwappedEQLinear(ParamCache, nn.Module):
+    """The fused layer on a naive layer's own parameters (what :func:`~flash_eqlinear.swap_eq_linear` puts in
+    place of a naive layer by default).
+
+    Holds the naive layer's ``Parameter`` objects, buffers and group-size attribute under their names, so
+    ``state_dict()`` (keys, shapes, values), ``named_parameters()`` and optimizers built before the swap are
+    those of the layer it replaced, and checkpoints load either way without conversion. Each forward computes
+    the frequency planes (T, d, c) from the group-domain weight (a small differentiable transform, in FP32 for
+    16-bit weights, rounded once; in inference kept until the weight changes, by ``FlashEQLinear``'s rules)
+    and runs the fused kernels on them; the weight's gradient is the transform's adjoint of the planes'.
+    Same function and, with any optimizer, the same training as the naive layer, to rounding.
+    ``FlashEQLinear`` (planes as the parameters) saves that transform per step.
+    """
+
+    def __init__(self, module: nn.Module, layout: NaiveLayout | None = None):
+        super().__init__()
+        layout = layout or find_layout(module)
+        found = layout.parameters_of(module) if layout is not None else None
+        if found is None:
+            raise TypeError(f"{type(module).__name__} is not a naive EQ-Linear of a known layout")
+        w, b, T = found
+        self.layout = layout
+        # (fields per group copy under names of our own: a naive layer's parameter may be called c)
+        self.group_size, self._fields = T, (w.shape[-2], w.shape[0])
+        self.in_features, self.out_features = w.shape[-2] * T, w.shape[0] * T
+        self._weight_name = layout.weight
+        self._bias_name = layout.bias if b is not None else None
+        for name, p in module.named_parameters(recurse=False):
+            self.register_parameter(name, p)
+        for name, buf in module.named_buffers(recurse=False):
+            self.register_buffer(name, buf, persistent=name not in module._non_persistent_buffers_set)
+        if layout.group_size is not None:
+            setattr(self, layout.group_size, T)
+        self._cache = None
+        self.train(module.training)
+        self.register_state_dict_post_hook(_record_group_layout)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
+        # FlashEQLinear's entries (planes, by their metadata) load too: converted to this layer's layout.
+        w = state_dict.get(prefix + "weight")
+        if (
+            (local_metadata or {}).get(LAYOUT_KEY) == "planes"
+            and isinstance(w, torch.Tensor)
+            and w.dim() == 3
+        ):
+            own_w, own_b = self._cache_params()
+            del state_dict[prefix + "weight"]
+            b = state_dict.pop(prefix + "bias", None)
+            state_dict[prefix + self._weight_name] = _to_layout(w, "group", own_w.dtype).reshape(own_w.shape)
+            if b is not None and own_b is not None:
+                state_dict[prefix + self._bias_name] = b.reshape(own_b.shape)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
+
+    def _cache_params(self) -> tuple:
+        return getattr(self, self._weight_name), getattr(self, self._bias_name) if self._bias_name else None
+
+    def group_weight(self) -> torch.Tensor:
+        """The group-domain weight as (d, c, T): a view of the parameter."""
+        c, d = self._fields
+        return self._cache_params()[0].reshape(d, c, self.group_size)
+
+    def planes(self) -> torch.Tensor:
+        """The frequency planes (T, d, c) of the weight, in its dtype (16-bit: made in FP32, rounded once);
+        differentiable."""
+        g = self.group_weight()
+        if g.dtype in (torch.float16, torch.bfloat16):
+            return naive_to_planes(g.float()).to(g.dtype)
+        return naive_to_planes(g)
+
+    def _params_for(self, x) -> tuple:
+        """(planes (T, d, c), bias (d,) or None) for a call on ``x``: made per call (differentiable), or in
+        inference kept until the weight changes (under autocast, cast: ``FlashEQLinear._params_for``)."""
+        w, b = self._cache_params()
+        b = None if b is None else b.reshape(-1)
+        if not self._caches():
+            return self.planes(), b
+        cast = _autocast_dtype(x) if isinstance(x, torch.Tensor) else None
+        cast = None if w.dtype == torch.float64 else cast
+
+        def kept():
+            p, bd = self.planes().detach(), None if b is None else b.detach()
+            return (p, bd) if cast is None else (p.to(cast), None if bd is None else bd.to(cast))
+
+        return self._cached(cast, kept)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        T = self.group_size
+        if not (isinstance(x, torch.Tensor) and backend_for(x, T) == "cuda"):
+            caches = self._caches()
+            if reference_form(x, T, *self._fields, dense_kept=caches) == "dense":
+                # Off the fused kernels, where the dense form runs: the naive layer's own computation.
+                b = self._cache_params()[1]
+                x, wc, bc = autocast_inputs(x, self.group_weight(), None if b is None else b.reshape(-1))
+                if not caches:
+                    return reference.naive_eq_linear(x, wc, bc, T)
+                dense = self._cached(("dense", wc.dtype), lambda: reference.dense_weight(wc.detach()))
+                return F.linear(x, dense, reference.dense_bias(None if bc is None else bc.detach(), T))
+        planes, b = self._params_for(x)
+        if _LAYER_OP is not None and T == 4 and _fused_eager(x):
+            return _LAYER_OP(x, planes, b)
+        return flash_eq_linear(x, planes, b, T)
+
+    def forward_chunks(self, x: torch.Tensor, chunks: int) -> tuple[torch.Tensor, ...]:
+        """``self(x).chunk(chunks, -1)`` as :meth:`FlashEQLinear.forward_chunks` makes it (an attention's q,
+        k, v as tensors of their own on the fused kernels)."""
+        if isinstance(x, torch.Tensor) and backend_for(x, self.group_size) == "reference":
+            check_chunks(chunks, self._fields[1])
+            return self(x).chunk(chunks, -1)
+        return flash_eq_linear_chunks(x, *self._params_for(x), chunks, self.group_size)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self._bias_name is not None}, "
+            f"group_size={self.group_size}, layout={self.layout.name!r}"
+        )
