@@ -255,11 +255,20 @@ def count_flops(model: nn.Module, x: torch.Tensor) -> dict:
 # ------------------------------------------------------------------------------------ experiments
 
 
+# "swapped": the naive model after swap_eq_linear's default swap (the fused kernels on the naive parameters)
+BENCH_VARIANTS = (*VARIANTS, "swapped")
+
+
 def build(kind: str, scale: str, variant: str, args, device) -> nn.Module:
     factory = MODELS[kind]
+    base = "naive" if variant == "swapped" else variant
     if args.dry_run:  # tiny config, whatever the scale label
-        return factory(None, variant, num_classes=args.num_classes, device=device, **DRY_CONFIGS[kind])
-    return factory(scale, variant, num_classes=args.num_classes, img_size=args.img, device=device)
+        model = factory(None, base, num_classes=args.num_classes, device=device, **DRY_CONFIGS[kind])
+    else:
+        model = factory(scale, base, num_classes=args.num_classes, img_size=args.img, device=device)
+    if variant == "swapped":
+        fe.swap_eq_linear(model)
+    return model
 
 
 def img_size(kind: str, args) -> int:
@@ -499,7 +508,9 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="vit,swin", help="comma list of: vit, swin")
     ap.add_argument("--scales", default=",".join(SCALES), help="comma list of: T, S, B, L, H")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list of: plain, naive, flash")
+    ap.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma list of: " + ", ".join(BENCH_VARIANTS)
+    )
     ap.add_argument(
         "--dtypes", default="fp32,fp16", help="inference dtypes: fp32, tf32, fp16, amp (FP32, bf16 autocast)"
     )
@@ -536,7 +547,7 @@ def parse_args(argv=None):
     for name, vals, allowed in (
         ("models", args.models, MODELS),
         ("scales", args.scales, SCALES),
-        ("variants", args.variants, VARIANTS),
+        ("variants", args.variants, BENCH_VARIANTS),
         ("dtypes", args.dtypes, DTYPES),
         ("train-modes", args.train_modes, TRAIN_MODES),
     ):

@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import reference
-from .fourier import naive_to_planes
+from .fourier import dft_basis
 from .modules import LAYOUT_KEY, NaiveEQLinear, ParamCache, _to_layout
 from .ops import (
     _LAYER_OP,
@@ -117,6 +117,9 @@ def find_layout(module: nn.Module) -> NaiveLayout | None:
     return None
 
 
+_BASIS: dict = {}  # dft_basis per (T, dtype, device), for SwappedEQLinear.planes
+
+
 def _record_group_layout(module, state_dict, prefix, local_metadata):
     local_metadata[LAYOUT_KEY] = "group"  # (the naive layouts' weights are group-domain)
 
@@ -183,12 +186,15 @@ class SwappedEQLinear(ParamCache, nn.Module):
         return self._cache_params()[0].reshape(d, c, self.group_size)
 
     def planes(self) -> torch.Tensor:
-        """The frequency planes (T, d, c) of the weight, in its dtype (16-bit: made in FP32, rounded once);
-        differentiable."""
+        """The frequency planes (T, d, c) of the weight (:func:`~flash_eqlinear.naive_to_planes`), in its
+        dtype (16-bit: made in FP32, rounded once); differentiable."""
         g = self.group_weight()
-        if g.dtype in (torch.float16, torch.bfloat16):
-            return naive_to_planes(g.float()).to(g.dtype)
-        return naive_to_planes(g)
+        work = torch.float32 if g.dtype in (torch.float16, torch.bfloat16) else g.dtype
+        key = (self.group_size, work, g.device)
+        Q = _BASIS.get(key)
+        if Q is None:  # (kept: made per call it costs a dozen small launches)
+            Q = _BASIS[key] = dft_basis(self.group_size, work, g.device)
+        return torch.einsum("js,dcs->jdc", Q, g.to(work)).to(g.dtype)
 
     def _params_for(self, x) -> tuple:
         """(planes (T, d, c), bias (d,) or None) for a call on ``x``: made per call (differentiable), or in
