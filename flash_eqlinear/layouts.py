@@ -200,14 +200,13 @@ class SwappedEQLinear(ParamCache, nn.Module):
         """(planes (T, d, c), bias (d,) or None) for a call on ``x``: made per call (differentiable), or in
         inference kept until the weight changes (under autocast, cast: ``FlashEQLinear._params_for``)."""
         w, b = self._cache_params()
-        b = None if b is None else b.reshape(-1)
         if not self._caches():
-            return self.planes(), b
+            return self.planes(), None if b is None else b.reshape(-1)
         cast = _autocast_dtype(x) if isinstance(x, torch.Tensor) else None
         cast = None if w.dtype == torch.float64 else cast
 
         def kept():
-            p, bd = self.planes().detach(), None if b is None else b.detach()
+            p, bd = self.planes().detach(), None if b is None else b.detach().reshape(-1)
             return (p, bd) if cast is None else (p.to(cast), None if bd is None else bd.to(cast))
 
         return self._cached(cast, kept)

@@ -255,3 +255,32 @@ def test_chunks_op_equals_traced_ops(d, x_dtype):
             assert len({p.untyped_storage().data_ptr() for p in parts}) == 3
     for got, want in zip(*results, strict=True):
         assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+# ---- SwappedEQLinear: the fused kernels on a naive layer's own parameters ----
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize("c, d", [(48, 40), (192, 576)])
+def test_swapped_layer_trains_as_the_naive_one(c, d, autocast):
+    torch.manual_seed(0)
+    naive = fe.NaiveEQLinear(4 * c, 4 * d, device=DEV)
+    swapped = fe.SwappedEQLinear(naive)
+    assert swapped.weight is naive.weight
+    x = torch.randn(3, 37, 4 * c, device=DEV)
+    g = torch.randn(3, 37, 4 * d, device=DEV)
+    grads = []
+    for layer in (naive, swapped):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            y = layer(x)
+        grads.append((y.float(), *torch.autograd.grad(y, (naive.weight, naive.bias), g.to(y.dtype))))
+    tol = 2e-2 if autocast else 1e-5
+    for a, b in zip(*grads, strict=True):
+        assert rel_l2(b, a) < tol, rel_l2(b, a)
+    names = top_level_ops(lambda: swapped(x))  # the planes' transform, then one call of the layer op
+    assert "flash_eqlinear::eq_linear" in names, names
+    swapped.eval()
+    with torch.no_grad():
+        y0 = swapped(x)
+        assert top_level_ops(lambda: swapped(x)) == ["flash_eqlinear::eq_linear"]  # planes kept
+        assert torch.equal(swapped(x), y0)
