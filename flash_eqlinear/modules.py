@@ -400,6 +400,18 @@ class FlashEQLinear(_EQLinearBase):
         return layer
 
 
+def _source(layout: str, weight: str, weight_dim: int, bias: str, b) -> dict:
+    """A naive layout as FlashEQLinear.naive_source records it (SOURCE_KEY); b: the bias entry, if any."""
+    has_bias = isinstance(b, torch.Tensor)
+    return {
+        "layout": layout,
+        "weight": weight,
+        "weight_dim": weight_dim,
+        "bias": bias if has_bias else None,
+        "bias_dim": b.dim() if has_bias else None,
+    }
+
+
 def convert_layer_entries(state_dict, prefix: str, local_metadata, layout="planes", dtype=None) -> bool:
     """Rewrite one layer's entries under ``prefix`` into ``layout`` ("planes": FlashEQLinear,
     "group": NaiveEQLinear), in place, rounding once to ``dtype`` (default: the entry's).
@@ -417,6 +429,8 @@ def convert_layer_entries(state_dict, prefix: str, local_metadata, layout="plane
         if isinstance(b, torch.Tensor) and b.dim() == 2 and b.shape[1] == 1:
             state_dict[prefix + "bias"] = b.reshape(-1)
         local_metadata[LAYOUT_KEY] = layout
+        if layout == "planes":  # where the entries came from (exported back by naive_state_dict)
+            local_metadata[SOURCE_KEY] = _source("weight_index", "weight", 4, "bias", b)
         return True
     if isinstance(ref, torch.Tensor) and ref.dim() == 4 and ref.shape[1] == 1:
         w = ref.squeeze(1)
@@ -427,6 +441,8 @@ def convert_layer_entries(state_dict, prefix: str, local_metadata, layout="plane
             state_dict[prefix + "bias"] = cb.reshape(-1)
             del state_dict[bkey]
         local_metadata[LAYOUT_KEY] = layout
+        if layout == "planes":
+            local_metadata[SOURCE_KEY] = _source("reference", "weights", 4, "c", cb)
         return True
     stored = (local_metadata or {}).get(LAYOUT_KEY)
     if stored in ("planes", "group") and stored != layout and prefix + "weight" in state_dict:

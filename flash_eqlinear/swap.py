@@ -159,10 +159,15 @@ def naive_state_dict(source) -> OrderedDict[str, torch.Tensor]:
     FlashEQLinear made otherwise comes back as ``NaiveEQLinear``'s ``weight`` (d, c, T) and ``bias`` (d,).
     The conversion is orthogonal, in float64, rounded once to each entry's dtype. Other entries (those of
     :class:`~flash_eqlinear.layouts.SwappedEQLinear`, already naive, included) are copied unchanged."""
-    sd = source.state_dict() if isinstance(source, nn.Module) else source
+    return naive_state_dict_with_names(source.state_dict() if isinstance(source, nn.Module) else source)[0]
+
+
+def naive_state_dict_with_names(sd):
+    """:func:`naive_state_dict` of a state_dict, also returning the converted layers' names."""
     if not isinstance(sd, dict):
-        raise TypeError(f"expected a state_dict or an nn.Module, got {type(source).__name__}")
+        raise TypeError(f"expected a state_dict or an nn.Module, got {type(sd).__name__}")
     out = OrderedDict(sd)
+    names = []
     meta = OrderedDict((k, dict(v)) for k, v in getattr(sd, "_metadata", {}).items())
     for name, local in meta.items():
         prefix = name + "." if name else ""
@@ -182,5 +187,6 @@ def naive_state_dict(source) -> OrderedDict[str, torch.Tensor]:
         if bias is not None and src["bias"]:
             out[prefix + src["bias"]] = bias.reshape(-1, 1) if src["bias_dim"] == 2 else bias
         local[LAYOUT_KEY] = "group"
+        names.append(name)
     out._metadata = meta
-    return out
+    return out, names

@@ -296,7 +296,7 @@ class Mixed(nn.Module):
         return self.c(torch.tanh(self.b(torch.tanh(self.a(x)))))
 
 
-@pytest.mark.parametrize("C", [16, 1024])  # the dense form on CPU, and the Fourier form
+@pytest.mark.parametrize("C", [16, pytest.param(1024, marks=pytest.mark.slow)])  # dense form; Fourier form
 def test_default_swap_keeps_parameters_state_dict_and_adamw_trajectory(C, gen):
     torch.manual_seed(0)
     naive = Mixed(C).double()
