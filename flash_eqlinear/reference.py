@@ -11,10 +11,21 @@ fastest; output ``(..., D)`` with ``D = d*T``; bias ``(d,)`` shared by the T gro
   T (6/16 for T = 4).
 * :func:`fourier_eq_linear_backward` gives the three gradients of the Fourier path in closed form
   (the same structure as the forward), used as the backward of the fused kernels.
+
+Range: in fp16 / bf16 the Fourier path computes the group transforms and the bias in FP32 (autocast kept
+off inside) and rounds its result once. A transform can reach sqrt(T) times its input's largest entry
+(``|xf| <= ||x_group||_2``), e.g. 2 x 33000 for T = 4, past fp16's 65504, so that 16-bit transforms would
+overflow where nn.Linear (F.linear with the dense weight) is finite. The per-frequency products run in
+FP32 for fp16 and in bf16 (FP32 accumulation) for bf16, whose range is FP32's. The per-frequency scales
+are folded into the weights, not applied to the activations or their gradients: each transform and
+product, forward and autograd backward, is bounded by the per-group L2 norm of an input, output or
+gradient. So fp16 keeps nn.Linear's range; bf16 (and FP32) do up to the top factor sqrt(T) of the range
+(e.g. bf16 inputs all 2e38, T = 4: the transform's 4e38 exceeds FP32's 3.4e38).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -134,15 +145,39 @@ def naive_eq_linear(x, w, bias=None, group_size: int = 4, index: torch.Tensor | 
     return F.linear(x, dense_weight(w, index), dense_bias(bias, T))
 
 
-def _analysis(v: torch.Tensor, T: int, scale: list[float] | None = None) -> torch.Tensor:
-    """(M, n, T) group values -> (T, M, n) orthonormal frequency coordinates, plane order.
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The precision of the Fourier path's transforms and bias: FP32 for the 16-bit (and narrower) floats,
+    whose range the transforms could leave (module docstring); the dtype itself otherwise."""
+    return torch.float32 if torch.finfo(dtype).bits < 32 else dtype
 
-    ``scale`` multiplies coordinate j by ``scale[j]`` inside the transform (no extra rounding).
-    """
-    Q = dft_basis(T, dtype=None, device=v.device)  # working precision; one cast to v.dtype below
-    if scale is not None:  # Python-float scaling: no host-to-device copy (graph capture, fake mode)
-        Q = torch.stack([Q[j] * scale[j] for j in range(T)])
-    return torch.matmul(v, Q.to(v.dtype).t()).permute(2, 0, 1)
+
+def _product_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The precision of the per-frequency products: bf16 keeps its own (its range is FP32's, so rounding
+    the FP32 transform to it loses none; CPUs and GPUs with bf16 units run them at their speed), fp16
+    (range 65504, less than a transform can reach) takes FP32, the rest their working precision."""
+    return dtype if dtype == torch.bfloat16 else _work_dtype(dtype)
+
+
+def _autocast_off(t: torch.Tensor):
+    """A context with autocast off on t's device where it is on (it would narrow the FP32 work back to
+    16 bits); a null context otherwise. Only state queries that torch.compile constant-folds."""
+    dev = t.device.type
+    if torch._C._is_any_autocast_enabled() and dev in ("cpu", "cuda", "xpu", "mps"):
+        if torch.is_autocast_enabled(dev):
+            return torch.autocast(dev, enabled=False)
+    return contextlib.nullcontext()
+
+
+def _mix_scales(T: int) -> list[float]:
+    """The per-plane factor of the products in orthonormal coordinates: sqrt(T) for the real frequencies,
+    sqrt(T/2) for the cos / sin pairs."""
+    return [math.sqrt(T) if kind == "real" else math.sqrt(T / 2) for kind, _ in plane_kinds(T)]
+
+
+def _analysis(v: torch.Tensor, T: int) -> torch.Tensor:
+    """(M, n, T) group values -> (T, M, n) orthonormal frequency coordinates, plane order."""
+    Q = dft_basis(T, dtype=v.dtype, device=v.device)
+    return torch.matmul(v, Q.t()).permute(2, 0, 1)
 
 
 def _synthesis(vf: torch.Tensor, T: int) -> torch.Tensor:
@@ -152,37 +187,47 @@ def _synthesis(vf: torch.Tensor, T: int) -> torch.Tensor:
 
 
 def _mix(xf: torch.Tensor, planes: torch.Tensor, T: int) -> list[torch.Tensor]:
-    """Per-frequency products in orthonormal coordinates.
+    """Per-frequency products in orthonormal coordinates, in xf's dtype.
 
     Real frequencies: ``yf_j = sqrt(T) xf_j P_j^T``. Complex pair (r, i) with ``s = sqrt(T/2)``:
-    ``yf_r = s (xf_r P_r^T + xf_i P_i^T)``, ``yf_i = s (xf_i P_r^T - xf_r P_i^T)``.
+    ``yf_r = s (xf_r P_r^T + xf_i P_i^T)``, ``yf_i = s (xf_i P_r^T - xf_r P_i^T)``. The factors go into
+    the (small) weights, scaled in at least FP32 and rounded once to xf's dtype: the activations and, in
+    the backward, their gradients are not scaled up.
     """
     kinds = plane_kinds(T)
+    scales = _mix_scales(T)
+    wide = torch.promote_types(_work_dtype(planes.dtype), xf.dtype)
     out: list[torch.Tensor] = [None] * T  # type: ignore[list-item]
     j = 0
     while j < T:
         if kinds[j][0] == "real":
-            out[j] = math.sqrt(T) * (xf[j] @ planes[j].t())
+            out[j] = xf[j] @ (planes[j].to(wide) * scales[j]).to(xf.dtype).t()
             j += 1
         else:
-            s = math.sqrt(T / 2)
-            pr, pi = planes[j], planes[j + 1]
+            pr, pi = planes[j].to(wide), planes[j + 1].to(wide)
             # One (M, 2c) x (2c, 2d) product per pair: [yr | yi] = [xr | xi] [[Pr, -Pi], [Pi, Pr]]^T-ish.
-            w2 = torch.cat([torch.cat([pr, pi], 1), torch.cat([-pi, pr], 1)], 0) * s
-            y2 = torch.cat([xf[j], xf[j + 1]], -1) @ w2.t()
+            w2 = torch.cat([torch.cat([pr, pi], 1), torch.cat([-pi, pr], 1)], 0) * scales[j]
+            y2 = torch.cat([xf[j], xf[j + 1]], -1) @ w2.to(xf.dtype).t()
             out[j], out[j + 1] = y2.split(pr.shape[0], dim=-1)
             j += 2
     return out
 
 
 def fourier_eq_linear(x, planes, bias=None, group_size: int = 4) -> torch.Tensor:
-    """EQ-Linear through the group DFT. x (..., c*T); planes (T, d, c); bias (d,) -> (..., d*T)."""
+    """EQ-Linear through the group DFT. x (..., c*T); planes (T, d, c); bias (d,) -> (..., d*T).
+
+    fp16 / bf16: the transforms and the bias in FP32, the products in FP32 (fp16) or bf16 with FP32
+    accumulation, the result rounded once (nn.Linear's range: module docstring).
+    """
     T, c, d = check_inputs(x, planes, bias, group_size, "planes")
     lead = x.shape[:-1]
-    xf = _analysis(x.reshape(-1, c, T), T)
-    y = _synthesis(torch.stack(_mix(xf, planes, T)), T)
-    if bias is not None:
-        y = y + bias[:, None]
+    work, prod = _work_dtype(x.dtype), _product_dtype(x.dtype)
+    with _autocast_off(x):
+        xf = _analysis(x.reshape(-1, c, T).to(work), T).to(prod)
+        y = _synthesis(torch.stack(_mix(xf, planes, T)).to(work), T)
+        if bias is not None:
+            y = y + bias.to(work)[:, None]
+        y = y.to(x.dtype)
     return y.reshape(*lead, d * T)
 
 
@@ -199,31 +244,33 @@ def fourier_eq_linear_backward(grad_y, x, planes, needs=(True, True, True)):
 
     grad_y (..., d*T), x (..., c*T), planes (T, d, c); ``needs`` flags (x, planes, bias).
     Returns (grad_x (..., c*T), grad_planes (T, d, c), grad_bias (d,)), None where not needed.
+    fp16 / bf16: computed in FP32 (grad_x as :func:`fourier_eq_linear`), each gradient rounded once.
     """
     T, d, c = planes.shape
     gx = gp = gb = None
     if needs[0]:
         gx = fourier_eq_linear(grad_y, adjoint_planes(planes), None, T).reshape(x.shape)
     g = grad_y.reshape(-1, d, T)
-    if needs[1]:
-        gf = _analysis(g, T)
-        # Fold the per-frequency scale into x's transform and reduce each complex pair with one
-        # product over 2M rows: one rounding per operand and one per output in low precision.
-        kinds = plane_kinds(T)
-        scale = [math.sqrt(T) if kind == "real" else math.sqrt(T / 2) for kind, _ in kinds]
-        xf = _analysis(x.reshape(-1, c, T), T, scale)
-        grads = [None] * T
-        j = 0
-        while j < T:
-            if kinds[j][0] == "real":
-                grads[j] = gf[j].t() @ xf[j]
-                j += 1
-            else:
-                gpair = torch.cat([gf[j], gf[j + 1]], 0).t()  # (d, 2M)
-                grads[j] = gpair @ torch.cat([xf[j], xf[j + 1]], 0)
-                grads[j + 1] = gpair @ torch.cat([xf[j + 1], -xf[j]], 0)
-                j += 2
-        gp = torch.stack(grads)
-    if needs[2]:
-        gb = g.sum(dim=(0, 2))
+    work = _work_dtype(torch.promote_types(grad_y.dtype, x.dtype))
+    with _autocast_off(x):
+        if needs[1]:
+            gf = _analysis(g.to(work), T)
+            xf = _analysis(x.reshape(-1, c, T).to(work), T)
+            # One product over 2M rows per complex pair; the per-frequency scale on the small (d, c)
+            # results (not on x's transform: it would leave the range first). In fp16 / bf16 all in FP32.
+            kinds, scales = plane_kinds(T), _mix_scales(T)
+            grads = [None] * T
+            j = 0
+            while j < T:
+                if kinds[j][0] == "real":
+                    grads[j] = (gf[j].t() @ xf[j]) * scales[j]
+                    j += 1
+                else:
+                    gpair = torch.cat([gf[j], gf[j + 1]], 0).t()  # (d, 2M)
+                    grads[j] = (gpair @ torch.cat([xf[j], xf[j + 1]], 0)) * scales[j]
+                    grads[j + 1] = (gpair @ torch.cat([xf[j + 1], -xf[j]], 0)) * scales[j]
+                    j += 2
+            gp = torch.stack(grads).to(planes.dtype)
+        if needs[2]:
+            gb = g.sum(dim=(0, 2), dtype=work).to(grad_y.dtype)
     return gx, gp, gb

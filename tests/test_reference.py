@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn as nn
-from conftest import GROUP_SIZES, loop_eq_linear, rel_l2, roll_group
+from conftest import GROUP_SIZES, ROUNDOFF, loop_eq_linear, rel_l2, roll_group
 
 import flash_eqlinear as fe
 from flash_eqlinear.reference import fourier_eq_linear, fourier_eq_linear_backward, naive_eq_linear
@@ -283,3 +283,158 @@ def test_functional_flash_eq_linear_matches_reference(gen):
     planes = fe.naive_to_planes(w)
     assert rel_l2(fe.flash_eq_linear(x, planes, b, group_size=4), naive_eq_linear(x, w, b, 4)) < 1e-13
     assert rel_l2(fe.flash_eq_linear(x, planes, None, 4), naive_eq_linear(x, w, None, 4)) < 1e-13
+
+
+# ---------------------------------------------------------------------------------------------
+# fp16 / bf16 near the top of their range: the Fourier path keeps nn.Linear's range
+# ---------------------------------------------------------------------------------------------
+
+# (value near the top of the range, the scale of randn inputs); fp16: the issue's 33000 and randn * 2e4.
+TOP = {torch.float16: (33000.0, 2e4), torch.bfloat16: (1e38, 6e37)}
+RANGE_SIZES = [(4, 32, 32), (8, 16, 16), (3, 24, 16)]  # (T, c, d)
+
+
+def _rounded(t, dtype):
+    return t.to(dtype).to(F64)
+
+
+def _fp64_layer(x, planes, b, T):
+    """The float64 reference of a layer with these (float64) inputs: the dense expansion."""
+    return naive_eq_linear(x, fe.planes_to_naive(planes), b, T)
+
+
+def _gaussian(shape, dtype, gen):
+    """Gaussian values near the top of dtype's range (TOP's scale), clamped into it, exact in dtype."""
+    bound = 0.9 * torch.finfo(dtype).max
+    return _rounded(
+        (torch.randn(shape, generator=gen, dtype=F64) * TOP[dtype][1]).clamp(-bound, bound), dtype
+    )
+
+
+def _near_top(dtype, T, c, d, kind, gen, n=16):
+    """(x, planes, bias), float64 values exact in ``dtype``: x near the top of dtype's range ("const": every
+    entry the top value, the group transform's worst case; "randn": a Gaussian clamped into the range), the
+    planes scaled so that the float64 output's largest entry is half the top value (so the dense form in
+    dtype stays finite)."""
+    top = TOP[dtype][0]
+    x = _rounded(torch.full((n, c * T), top, dtype=F64), dtype) if kind == "const" else None
+    x = _gaussian((n, c * T), dtype, gen) if x is None else x
+    planes = fe.naive_to_planes(torch.randn(d, c, T, generator=gen, dtype=F64))
+    planes = _rounded(planes * (top / 2 / _fp64_layer(x, planes, None, T).abs().max()), dtype)
+    b = _rounded(torch.randn(d, generator=gen, dtype=F64) * top / 16, dtype)
+    return x, planes, b
+
+
+def _forms(monkeypatch):
+    """Each pure-PyTorch form, called directly and through flash_eq_linear with reference_form forced."""
+
+    def via_layer(form):
+        def f(x, planes, b, T):
+            monkeypatch.setattr(fe.ops, "reference_form", lambda *args, **kwargs: form)
+            return fe.flash_eq_linear(x, planes, b, T)
+
+        return f
+
+    def dense(x, planes, b, T):
+        return naive_eq_linear(x, fe.ops.rounded_group_weight(planes), b, T)
+
+    return {"fourier": fourier_eq_linear, "dense": dense, "layer fourier": via_layer("fourier")} | {
+        "layer dense": via_layer("dense")
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T, c, d", RANGE_SIZES)
+@pytest.mark.parametrize("kind", ["const", "randn"])
+@pytest.mark.parametrize("form", ["fourier", "dense", "layer fourier", "layer dense"])
+def test_low_precision_near_top_of_range(dtype, T, c, d, kind, form, gen, monkeypatch):
+    """Inputs near the top of fp16 / bf16's range (fp16: 33000, randn * 2e4): every form finite and within
+    twice the dense form's error against float64 (the Fourier path transforms in FP32, rounds once)."""
+    x, planes, b = _near_top(dtype, T, c, d, kind, gen)
+    want = _fp64_layer(x, planes, b, T)
+    forms = _forms(monkeypatch)
+    dense = forms["dense"](x.to(dtype), planes.to(dtype), b.to(dtype), T)
+    assert torch.isfinite(dense).all()  # the yardstick: nn.Linear's range
+    y = forms[form](x.to(dtype), planes.to(dtype), b.to(dtype), T)
+    assert y.dtype == dtype and y.shape == want.shape
+    assert torch.isfinite(y).all(), f"{form}: {(~torch.isfinite(y)).sum().item()} of {y.numel()} not finite"
+    u = ROUNDOFF[dtype]
+    err, err_dense = rel_l2(y, want), rel_l2(dense, want)
+    assert err <= 2 * max(err_dense, u / 8), (err, err_dense)
+
+
+def _grads(f, x, planes, b, gy, T, dtype):
+    leaves = [t.to(dtype).requires_grad_() for t in (x, planes)]
+    bias = None if b is None else b.to(dtype).requires_grad_()
+    y = f(*leaves, bias, T)
+    wrt = leaves if bias is None else [*leaves, bias]
+    return torch.autograd.grad(y, wrt, gy.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T, c, d", RANGE_SIZES)
+@pytest.mark.parametrize("big", ["x", "grad_y"])
+@pytest.mark.parametrize("form", ["fourier", "dense", "layer fourier"])
+def test_low_precision_gradients_near_top_of_range(dtype, T, c, d, big, form, gen, monkeypatch):
+    """The backward near the top of the range where nn.Linear's is finite. "x": x near the top (as in the
+    forward test), the output gradient scaled so that the largest float64 gradient is half the top value;
+    "grad_y": the output gradient near the top, the planes scaled so that grad_x's largest entry is half the
+    top value and x so that the planes' is (no bias gradient there: it would leave the range). Finite and
+    within twice the dense form's error against float64."""
+    top = TOP[dtype][0]
+    x, planes, b = _near_top(dtype, T, c, d, "randn", gen)
+    gy = torch.randn(*x.shape[:-1], d * T, generator=gen, dtype=F64)
+    if big == "x":
+        gy = _rounded(gy * (top / 2 / max(g.abs().max() for g in _fp64_grads(x, planes, b, gy, T))), dtype)
+    else:
+        b = None
+        gy = _gaussian(gy.shape, dtype, gen)
+        planes = _rounded(planes * (top / 2 / _fp64_grads(x, planes, b, gy, T)[0].abs().max()), dtype)
+        x = _rounded(x * (top / 2 / _fp64_grads(x, planes, b, gy, T)[1].abs().max()), dtype)
+    want = _fp64_grads(x, planes, b, gy, T)
+    forms = _forms(monkeypatch)
+    dense = _grads(forms["dense"], x, planes, b, gy, T, dtype)
+    assert all(torch.isfinite(g).all() for g in dense)  # the yardstick: nn.Linear's range
+    got = _grads(forms[form], x, planes, b, gy, T, dtype)
+    u = ROUNDOFF[dtype]
+    for k, (g, gd, w) in enumerate(zip(got, dense, want, strict=True)):
+        assert g.dtype == dtype and torch.isfinite(g).all(), (form, k)
+        err, err_dense = rel_l2(g, w), rel_l2(gd, w)
+        assert err <= 2 * max(err_dense, u / 8), (form, k, err, err_dense)
+
+
+def _fp64_grads(x, planes, b, gy, T):
+    leaves = [t.detach().clone().requires_grad_() for t in (x, planes)]
+    bias = None if b is None else b.detach().clone().requires_grad_()
+    y = _fp64_layer(*leaves, bias, T)
+    return torch.autograd.grad(y, leaves if bias is None else [*leaves, bias], gy)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T", [3, 4, 8])
+def test_closed_form_backward_near_top_of_range(dtype, T, gen):
+    """fourier_eq_linear_backward (the fused kernels' create_graph path) in fp16 / bf16 with x near the top
+    of the range: finite, close to float64."""
+    c, d = 16, 16
+    top = TOP[dtype][0]
+    x, planes, _ = _near_top(dtype, T, c, d, "const", gen)
+    gy = torch.randn(x.shape[0], d * T, generator=gen, dtype=F64)
+    ref = fourier_eq_linear_backward(gy, x, planes)
+    gy = _rounded(gy * (top / 2 / max(g.abs().max() for g in ref)), dtype)
+    want = fourier_eq_linear_backward(gy, x, planes)
+    got = fourier_eq_linear_backward(gy.to(dtype), x.to(dtype), planes.to(dtype))
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g.dtype == dtype and torch.isfinite(g).all(), k
+        assert rel_l2(g, w) < ROUNDOFF[dtype], k
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_under_autocast(dtype, gen):
+    """Autocast does not narrow the Fourier path's FP32 transforms back to 16 bits."""
+    T, c, d = 4, 32, 32
+    x, planes, b = _near_top(dtype, T, c, d, "const", gen)
+    want = _fp64_layer(x, planes, b, T)
+    with torch.autocast("cpu", dtype=dtype):
+        y = fourier_eq_linear(x.to(dtype), planes.to(dtype), b.to(dtype), T)
+    assert y.dtype == dtype and torch.isfinite(y).all()
+    assert rel_l2(y, want) < ROUNDOFF[dtype]
