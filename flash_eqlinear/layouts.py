@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import reference
-from .fourier import dft_basis
+from .fourier import dft_basis, planes_to_naive
 from .modules import LAYOUT_KEY, NaiveEQLinear, ParamCache, _to_layout
 from .ops import (
     _LAYER_OP,
@@ -242,3 +242,193 @@ class SwappedEQLinear(ParamCache, nn.Module):
             f"bias={self._bias_name is not None}, "
             f"group_size={self.group_size}, layout={self.layout.name!r}"
         )
+
+
+# ---- escnn: pointwise layers between regular fields of C_N ----------------------------------------------
+#
+# escnn's R2Conv with a 1x1 kernel (stride 1, no padding, dilation 1, groups 1) and escnn.nn.Linear, with
+# every input and output field the regular representation of a cyclic group C_N, are EQ-Linear layers: escnn's
+# regular fields use this library's layout (element j of a field at channel j, the generator shifting j to
+# j + 1). Their learnable `weights` hold, per (output field, input field), N coefficients of escnn's basis;
+# the planes are a fixed linear map of them, read off escnn's own expansion of a probe layer (so it holds
+# whatever escnn's basis, float32-sampled for C8, is).
+
+
+def escnn_candidate(module: nn.Module) -> tuple[bool, str]:
+    """(whether ``module`` is an escnn layer that :class:`EscnnEQLinear` replaces, why not otherwise). Only
+    escnn's R2Conv and Linear are looked at (other modules: (False, ""))."""
+    import sys
+
+    if "escnn" not in sys.modules:  # a model holding escnn layers has imported it
+        return False, ""
+    from escnn import group as egroup
+    from escnn import nn as enn
+
+    if not isinstance(module, (enn.R2Conv, enn.Linear)):
+        return False, ""
+    if isinstance(module, enn.R2Conv):
+        ks = module.kernel_size if isinstance(module.kernel_size, int) else max(module.kernel_size)
+        geometry = (ks, module.stride, module.padding, module.dilation, getattr(module, "groups", 1))
+        if geometry != (1, 1, 0, 1, 1):
+            return False, "not pointwise (kernel_size 1, stride 1, padding 0, dilation 1, groups 1)"
+    G = module.in_type.fibergroup
+    if not isinstance(G, egroup.CyclicGroup):
+        return False, f"group {G.name} is not cyclic"
+    for side, ftype in (("input", module.in_type), ("output", module.out_type)):
+        if any(rep.name != "regular" for rep in ftype.representations):
+            return False, f"{side} fields are not all regular representations of {G.name}"
+    return True, ""
+
+
+_ESCNN_MAPS: dict = {}  # (kind, N, dtype, device) -> (M (N, N), index order, bias scale), from a probe layer
+
+
+def _escnn_map(conv: bool, in_type, dtype, device) -> tuple[torch.Tensor, str, float]:
+    """For an escnn layer (``conv``: 1x1 R2Conv, else Linear) on regular fields of C_N (``in_type``): M (N, N)
+    with planes[:, o, i] = M @ weights[o, i, :] (``order`` "dcj": weights.view(d, c, N); "cdj":
+    weights.view(c, d, N)), and the factor of the bias in each output channel."""
+    from escnn import nn as enn
+
+    N = in_type.fibergroup.order()
+    key = (conv, N, dtype, device)
+    if key in _ESCNN_MAPS:
+        return _ESCNN_MAPS[key]
+    gs, rep = in_type.gspace, in_type.representations[0]
+    c, d = 2, 3  # a probe with distinct field counts tells the weights' index order apart
+    types = enn.FieldType(gs, [rep] * c), enn.FieldType(gs, [rep] * d)
+    probe = (enn.R2Conv(*types, kernel_size=1) if conv else enn.Linear(*types)).to(torch.float64)
+    n = probe.weights.numel()
+    if n != d * c * N:
+        raise TypeError(f"escnn layer with {n} basis coefficients for {d} x {c} regular fields of C_{N}")
+    M = torch.zeros(N, N, dtype=torch.float64)
+    orders = {"dcj", "cdj"}  # the index orders consistent with every coefficient so far
+    with torch.no_grad():
+        for k in range(n):
+            probe.weights.zero_()
+            probe.weights[k] = 1.0
+            dense = probe.expand_parameters()[0].reshape(d * N, c * N)
+            blocks = dense.reshape(d, N, c, N).abs().sum((1, 3))
+            o, i = divmod(int(blocks.argmax()), c)
+            block = dense.reshape(d, N, c, N)[o, :, i, :]
+            w = block[0]  # row t = 0 holds w[s]; a circulant block: row t = w rolled by t
+            off = (reference.dense_weight(w.view(1, 1, N)) - block).abs().max()
+            if off > 1e-5 * max(w.abs().max(), 1e-30):
+                raise TypeError(f"escnn's C_{N} basis element {k} is not a circulant block")
+            orders &= {name for name, at in (("dcj", o * c + i), ("cdj", i * d + o)) if k // N == at}
+            if not orders:
+                raise TypeError(f"escnn's C_{N} weights are not laid out per field pair")
+            if o == 0 and i == 0:
+                M[:, k % N] = dft_basis(N) @ w
+        bexp = getattr(probe, "bias_expansion", None)
+        scale = float(bexp[0, 0]) if bexp is not None else 1.0
+    _ESCNN_MAPS[key] = (M.to(dtype=dtype, device=device), min(orders), scale)
+    return _ESCNN_MAPS[key]
+
+
+def escnn_eq_linear(module: nn.Module) -> nn.Module:
+    """The replacement of an escnn layer that :func:`escnn_candidate` accepts: an escnn ``EquivariantModule``
+    (class ``EscnnEQLinear``) taking and returning ``GeometricTensor``s of the layer's types, holding the
+    layer's own ``weights``, ``bias``, buffers and basis submodule under their names (state_dict, optimizers
+    and training as escnn's), and running this library's layer on the planes made from ``weights`` (kept in
+    inference). escnn's ``export()`` of it gives the plain layer (``nn.Conv2d`` 1x1 or ``nn.Linear``)."""
+    ok, why = escnn_candidate(module)
+    if not ok:
+        raise TypeError(f"{type(module).__name__}: {why or 'not an escnn R2Conv or Linear'}")
+    return _escnn_class()(module)
+
+
+_ESCNN_CLASS = []
+
+
+def _escnn_class():
+    if _ESCNN_CLASS:
+        return _ESCNN_CLASS[0]
+    from escnn import nn as enn
+
+    class EscnnEQLinear(ParamCache, enn.EquivariantModule):
+        def __init__(self, module):
+            super().__init__()
+            self.in_type, self.out_type = module.in_type, module.out_type
+            self.group_size = T = module.in_type.fibergroup.order()
+            self.conv = isinstance(module, enn.R2Conv)
+            self._fields = (module.in_type.size // T, module.out_type.size // T)
+            for name, p in module.named_parameters(recurse=False):
+                self.register_parameter(name, p)
+            for name, buf in module.named_buffers(recurse=False):
+                self.register_buffer(name, buf, persistent=name not in module._non_persistent_buffers_set)
+            for name, child in module.named_children():
+                self.add_module(name, child)
+            self._dense_name = "filter" if self.conv else "matrix"  # escnn's eval-mode buffers
+            self._cache = None
+            self.training = module.training
+
+        def _cache_params(self) -> tuple:
+            return self.weights, getattr(self, "bias", None)
+
+        def _planes(self) -> tuple:
+            """(planes (T, d, c), bias (d,) or None) from escnn's parameters; differentiable."""
+            w, b = self._cache_params()
+            (c, d), T = self._fields, self.group_size
+            M, order, scale = _escnn_map(self.conv, self.in_type, w.dtype, w.device)
+            g = w.view(d, c, T) if order == "dcj" else w.view(c, d, T).transpose(0, 1)
+            return torch.einsum("kj,ocj->koc", M, g), None if b is None else b * scale
+
+        def _params_for(self, x) -> tuple:
+            if not self._caches():
+                return self._planes()
+            return self._cached(
+                None, lambda: tuple(None if t is None else t.detach() for t in self._planes())
+            )
+
+        def forward(self, x):
+            if x.type != self.in_type:
+                raise TypeError(f"input field type {x.type} does not match the layer's {self.in_type}")
+            t = x.tensor
+            planes, b = self._params_for(t)
+            if self.conv:  # channels at dim 1: the layer on channels-last views
+                y = flash_eq_linear(t.movedim(1, -1), planes, b, self.group_size).movedim(-1, 1)
+            else:
+                y = flash_eq_linear(t, planes, b, self.group_size)
+            return enn.GeometricTensor(y, self.out_type, getattr(x, "coords", None))
+
+        def _dense(self) -> tuple:
+            planes, b = (t.detach() if t is not None else None for t in self._planes())
+            W = reference.dense_weight(planes_to_naive(planes))
+            B = None if b is None else reference.dense_bias(b, self.group_size)
+            return (W[:, :, None, None] if self.conv else W), B
+
+        def train(self, mode: bool = True):
+            # escnn's eval-mode buffers as escnn keeps them: dropped in training, made from the weights in
+            # eval
+            if mode:
+                for name in (self._dense_name, "expanded_bias"):
+                    self._buffers.pop(name, None)
+            elif self.training:
+                W, B = self._dense()
+                self.register_buffer(self._dense_name, W)
+                if B is not None:
+                    self.register_buffer("expanded_bias", B)
+            return super().train(mode)
+
+        def evaluate_output_shape(self, input_shape: tuple) -> tuple:
+            return (input_shape[0], self.out_type.size, *input_shape[2:])
+
+        def export(self) -> nn.Module:
+            W, B = self._dense()
+            C, D = self.in_type.size, self.out_type.size
+            plain = (
+                nn.Conv2d(C, D, 1, bias=B is not None) if self.conv else nn.Linear(C, D, bias=B is not None)
+            )
+            plain = plain.to(device=W.device, dtype=W.dtype)
+            with torch.no_grad():
+                plain.weight.copy_(W)
+                if B is not None:
+                    plain.bias.copy_(B)
+            return plain.train(self.training)
+
+        def extra_repr(self) -> str:
+            kind = "1x1 R2Conv" if self.conv else "Linear"
+            return f"{kind}, C_{self.group_size}, {self.in_type.size} -> {self.out_type.size} channels"
+
+    _ESCNN_CLASS.append(EscnnEQLinear)
+    return EscnnEQLinear

@@ -363,11 +363,15 @@ class FlashEQLinear(_EQLinearBase):
         return layer
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group_size: int = 4, atol: float | None = None):
-        """Build from a dense nn.Linear whose weight is block-circulant; ValueError otherwise.
+    def from_linear(
+        cls, linear: nn.Linear, group_size: int = 4, atol: float | None = None, rtol: float = 1e-6
+    ):
+        """Build from a dense nn.Linear whose weight is block-circulant; ValueError otherwise, naming the
+        block (output field, input field) that breaks the structure most.
 
-        ``atol`` bounds the allowed deviation from block-circulant structure (default: a few
-        units of rounding of the weight's dtype, relative to its largest entry).
+        Allowed deviation from block-circulant structure: ``atol`` if given, else ``rtol`` times the weight's
+        largest entry, at least a few units of rounding of its dtype. The default ``rtol`` accepts weights
+        built in float32 (e.g. escnn's exported C8 layers) also in float64.
         """
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
@@ -375,20 +379,22 @@ class FlashEQLinear(_EQLinearBase):
         W = linear.weight.detach()
         w = W.reshape(d, T, c, T)[:, 0]  # row copy t = 0 holds w[o, ci, s] unrolled
         scale = W.abs().max().item() if W.numel() else 0.0
-        tol = atol if atol is not None else 8 * torch.finfo(W.dtype).eps * max(scale, 1e-30)
-        dev = (reference.dense_weight(w) - W).abs().max().item()
+        rel = max(rtol, 8 * torch.finfo(W.dtype).eps)
+        tol = atol if atol is not None else rel * max(scale, 1e-30)
+        off = (reference.dense_weight(w) - W).abs().reshape(d, T, c, T).amax((1, 3))  # per block (o, ci)
+        dev = off.max().item() if off.numel() else 0.0
         if dev > tol:
+            o, ci = divmod(int(off.argmax()), c)
             raise ValueError(
-                f"nn.Linear weight is not block-circulant for group_size={T} "
-                f"(max deviation {dev:.3g} > tolerance {tol:.3g})"
+                f"nn.Linear weight is not block-circulant for group_size={T}: block (output field {o}, "
+                f"input field {ci}) = rows {o * T}..{o * T + T - 1}, columns {ci * T}..{ci * T + T - 1} "
+                f"deviates by {dev:.3g} > tolerance {tol:.3g}"
             )
         b = None
         if linear.bias is not None:
             B = linear.bias.detach().reshape(d, T)
             bdev = (B - B[:, :1]).abs().max().item()
-            btol = (
-                atol if atol is not None else 8 * torch.finfo(B.dtype).eps * max(B.abs().max().item(), 1e-30)
-            )
+            btol = atol if atol is not None else rel * max(B.abs().max().item(), 1e-30)
             if bdev > btol:
                 raise ValueError(
                     f"nn.Linear bias is not shared across the {T} group copies "

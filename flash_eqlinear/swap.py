@@ -4,6 +4,7 @@ planes), and convert checkpoints' entries between the naive layouts and FlashEQL
 from __future__ import annotations
 
 import fnmatch
+import logging
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
@@ -11,12 +12,13 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from .layouts import SwappedEQLinear, find_layout
+from .layouts import SwappedEQLinear, escnn_candidate, escnn_eq_linear, find_layout
 from .modules import LAYOUT_KEY, SOURCE_KEY, FlashEQLinear, _to_layout, convert_layer_entries
 
 __all__ = ["swap_eq_linear", "convert_state_dict", "naive_state_dict", "is_naive_eq_linear"]
 
 PARAMS = ("keep", "planes")
+_log = logging.getLogger("flash_eqlinear")
 # NaiveEQLinear's layout, where a FlashEQLinear records none (FlashEQLinear.naive_source's form)
 _NAIVE_SOURCE = {"layout": "naive", "weight": "weight", "weight_dim": 3, "bias": "bias", "bias_dim": 1}
 
@@ -73,6 +75,11 @@ def swap_eq_linear(model: nn.Module, include=None, params: str = "keep") -> list
     parameters, SGD the same; checkpoints convert on load, and back with
     :func:`naive_state_dict`); no transform per step.
 
+    escnn's pointwise layers between regular fields of C_N (a 1x1 ``R2Conv``, ``escnn.nn.Linear``) become an
+    escnn module of this library's (:func:`flash_eqlinear.layouts.escnn_eq_linear`) that keeps escnn's
+    parameters whatever ``params`` says; the escnn layers it leaves (other kernels, fields, groups) are logged
+    at INFO level on the ``flash_eqlinear`` logger with the reason.
+
     ``include``: None (all), a predicate ``(qualified_name, module) -> bool``, or glob patterns
     on qualified names (``"blocks.*.mlp.*"``). Keeps device, dtype, requires_grad and train/eval
     mode, and weight tying: a layer registered under several names is replaced under all of them when
@@ -94,9 +101,15 @@ def swap_eq_linear(model: nn.Module, include=None, params: str = "keep") -> list
     # remove_duplicate=False: a layer registered under several names is replaced under each of
     # them, by one shared FlashEQLinear (the model keeps its weight tying), also where ``include``
     # selects only some of its names.
-    layers = [
-        (name, m) for name, m in model.named_modules(remove_duplicate=False) if name and is_naive_eq_linear(m)
-    ]
+    layers, escnn = [], set()
+    for name, m in model.named_modules(remove_duplicate=False):
+        ok, why = escnn_candidate(m)
+        if ok:
+            escnn.add(id(m))
+        elif why:  # an escnn layer that is no EQ-Linear between regular fields of C_N
+            _log.info("swap_eq_linear: %s (%s) not swapped: %s", name, type(m).__name__, why)
+        if name and (ok or is_naive_eq_linear(m)):
+            layers.append((name, m))
     chosen = {id(m) for name, m in layers if keep(name, m)}
     targets = [(name, m) for name, m in layers if id(m) in chosen]
     new: dict[int, FlashEQLinear] = {}
@@ -104,7 +117,10 @@ def swap_eq_linear(model: nn.Module, include=None, params: str = "keep") -> list
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         if id(module) not in new:
-            new[id(module)] = SwappedEQLinear(module) if params == "keep" else _flash_from(module)
+            if id(module) in escnn:  # escnn's own parameters, GeometricTensors in and out
+                new[id(module)] = escnn_eq_linear(module)
+            else:
+                new[id(module)] = SwappedEQLinear(module) if params == "keep" else _flash_from(module)
         setattr(parent, attr, new[id(module)])
     return [name for name, _ in targets]
 

@@ -187,8 +187,26 @@ def test_from_linear_of_reference_style_dense(gen):
 
 
 def test_from_linear_rejects_random_linear():
-    with pytest.raises(ValueError, match=r"not block-circulant for group_size=4 \(max deviation"):
+    with pytest.raises(ValueError, match=r"not block-circulant for group_size=4: block \(output field"):
         fe.FlashEQLinear.from_linear(nn.Linear(8, 8), group_size=4)
+
+
+def test_from_linear_names_the_block_and_accepts_float32_built_weights(gen):
+    lin = fe.FlashEQLinear(16, 12, dtype=F64).to_linear()
+    with torch.no_grad():
+        noisy = lin.weight + torch.randn(lin.weight.shape, generator=gen, dtype=F64) * 1e-8  # float32-built
+    lin.weight.data.copy_(noisy)
+    layer = fe.FlashEQLinear.from_linear(lin, group_size=4)  # the default relative tolerance (1e-6)
+    with pytest.raises(ValueError, match="block"):  # float64 rounding only: refused
+        fe.FlashEQLinear.from_linear(lin, group_size=4, rtol=0)
+    x = torch.randn(3, 16, generator=gen, dtype=F64)
+    with torch.no_grad():
+        assert rel_l2(layer(x), lin(x)) < 1e-6
+        lin.weight[5, 9] += 0.1  # row 5: output field 1; column 9: input field 2
+    with pytest.raises(
+        ValueError, match=r"block \(output field 1, input field 2\) = rows 4..7, columns 8..11"
+    ):
+        fe.FlashEQLinear.from_linear(lin, group_size=4)
 
 
 def test_from_linear_rejects_unshared_bias():

@@ -415,3 +415,80 @@ def test_swapped_layer_loads_planes_checkpoints(gen):
     x = torch.randn(4, 16, generator=gen, dtype=F64)
     with torch.no_grad():
         assert rel_l2(kept(x), naive(x)) < 1e-12
+
+
+# ---- escnn: pointwise layers between regular fields of C_N (optional dependency) ----
+
+
+def _escnn_models(N):
+    """A C_N CNN of 1x1 R2Convs (with a 3x3 one left alone) and a Linear model, float64."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from escnn import gspaces
+        from escnn import nn as enn
+    torch.manual_seed(N)
+    gs = gspaces.rot2dOnR2(N)
+    t1, t2, t3 = (enn.FieldType(gs, [gs.regular_repr] * k) for k in (3, 5, 2))
+    cnn = enn.SequentialModule(
+        enn.R2Conv(t1, t2, kernel_size=1),
+        enn.ReLU(t2),
+        enn.R2Conv(t2, t3, kernel_size=1),
+        enn.R2Conv(t3, t3, kernel_size=3, padding=1),
+    ).double()
+    g0 = gspaces.no_base_space(gs.fibergroup)
+    u1, u2 = (enn.FieldType(g0, [gs.fibergroup.regular_representation] * k) for k in (4, 3))
+    mlp = enn.SequentialModule(enn.Linear(u1, u2), enn.ReLU(u2), enn.Linear(u2, u2)).double()
+    for m in (cnn, mlp):
+        with torch.no_grad():
+            for name, p in m.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_()
+    return enn, cnn, mlp
+
+
+@pytest.mark.parametrize("N", [4, 8])
+def test_escnn_pointwise_layers_swapped_keep_parameters_and_training(N, gen, caplog):
+    pytest.importorskip("escnn", reason="escnn not installed (pip install flash-eqlinear[escnn])")
+    import logging
+
+    enn, cnn, mlp = _escnn_models(N)
+    tol = 1e-12 if N == 4 else 1e-6  # C8: escnn's float32-sampled basis
+    for model, x in (
+        (cnn, torch.randn(2, 3 * N, 5, 5, generator=gen, dtype=F64)),
+        (mlp, torch.randn(6, 4 * N, generator=gen, dtype=F64)),
+    ):
+        fast = copy.deepcopy(model)
+        keys = {k: tuple(v.shape) for k, v in fast.state_dict().items()}
+        opt_ref = torch.optim.Adam(model.parameters(), lr=1e-2)
+        opt = torch.optim.Adam(fast.parameters(), lr=1e-2)  # built before the swap
+        with caplog.at_level(logging.INFO, logger="flash_eqlinear"):
+            names = fe.swap_eq_linear(fast)
+        assert names == (["0", "2"] if model is cnn else ["0", "2"])
+        if model is cnn:
+            assert "3 (R2Conv) not swapped: not pointwise" in caplog.text
+        assert {k: tuple(v.shape) for k, v in fast.state_dict().items()} == keys
+        gx = enn.GeometricTensor(x, model.in_type)
+        with torch.no_grad():
+            assert rel_l2(fast(gx).tensor, model(gx).tensor) < tol
+            for e in range(0, N, N // 4):  # the 90-degree rotations: exact on the pixel grid
+                g = model.in_type.fibergroup.element(e)
+                err = rel_l2(fast(gx.transform(g)).tensor, fast(gx).transform(g).tensor)
+                own = rel_l2(model(gx.transform(g)).tensor, model(gx).transform(g).tensor)  # escnn's basis
+                assert err <= 2 * own + 1e-12, (err, own)
+        steps = 10 if N == 4 else 3
+        for _ in range(steps):
+            for m, o in ((model, opt_ref), (fast, opt)):
+                o.zero_grad()
+                m(gx).tensor.square().mean().backward()
+                o.step()
+        for (name, p), q in zip(model.named_parameters(), fast.parameters(), strict=True):
+            assert rel_l2(q, p) < (1e-10 if N == 4 else 1e-5), name
+        fast.eval(), model.eval()
+        plain = fast.export()  # escnn's export: plain torch layers
+        with torch.no_grad():
+            assert rel_l2(plain(x), model(gx).tensor) < tol
+        assert {k: tuple(v.shape) for k, v in fast.state_dict().items()} == {
+            k: tuple(v.shape) for k, v in model.state_dict().items()
+        }
