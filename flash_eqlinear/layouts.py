@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from . import reference
 from .fourier import dft_basis, planes_to_naive
-from .modules import LAYOUT_KEY, NaiveEQLinear, ParamCache, _to_layout
+from .modules import LAYOUT_KEY, FlashEQLinear, NaiveEQLinear, ParamCache, _to_layout
 from .ops import (
     _LAYER_OP,
     _autocast_dtype,
@@ -50,8 +50,9 @@ class NaiveLayout:
     ``classes``: the module classes that have this layout (empty: any module with these attributes);
     ``requires``: further attributes (e.g. an index buffer) a module must have to match, which keeps a
     layout such as ``weight`` (d, 1, c, T) from matching unrelated modules (a depthwise convolution's
-    weight has that shape too). Buffers of a matched module are kept by :class:`SwappedEQLinear` and dropped
-    when a checkpoint is converted to FlashEQLinear's planes.
+    weight has that shape too; in a checkpoint, required ``buffers`` entries must be present). Buffers of a
+    matched module are kept by both swaps (and in converted checkpoints); a ``FlashEQLinear`` without them
+    accepts and drops their entries on load. Swapping, loading and converting all know every layout.
     """
 
     name: str
@@ -108,8 +109,9 @@ def naive_layouts() -> tuple[NaiveLayout, ...]:
 
 
 def find_layout(module: nn.Module) -> NaiveLayout | None:
-    """The first layout that ``module`` has (:meth:`NaiveLayout.parameters_of`), or None."""
-    if isinstance(module, SwappedEQLinear):
+    """The first layout that ``module`` has (:meth:`NaiveLayout.parameters_of`), or None (always for this
+    library's fused layers, whose buffers may be a naive layer's)."""
+    if isinstance(module, (SwappedEQLinear, FlashEQLinear, *_ESCNN_CLASS)):
         return None
     for layout in naive_layouts():
         if layout.parameters_of(module) is not None:
@@ -192,8 +194,10 @@ class SwappedEQLinear(ParamCache, nn.Module):
         work = torch.float32 if g.dtype in (torch.float16, torch.bfloat16) else g.dtype
         key = (self.group_size, work, g.device)
         Q = _BASIS.get(key)
-        if Q is None:  # (kept: made per call it costs a dozen small launches)
-            Q = _BASIS[key] = dft_basis(self.group_size, work, g.device)
+        if Q is None:  # (kept: made per call it costs a dozen small launches; a normal tensor even when first
+            # made under inference_mode, so that training can use it later)
+            with torch.inference_mode(False), torch.no_grad():
+                Q = _BASIS[key] = dft_basis(self.group_size, work, g.device)
         return torch.einsum("js,dcs->jdc", Q, g.to(work)).to(g.dtype)
 
     def _params_for(self, x) -> tuple:
@@ -277,52 +281,41 @@ def escnn_candidate(module: nn.Module) -> tuple[bool, str]:
     for side, ftype in (("input", module.in_type), ("output", module.out_type)):
         if any(rep.name != "regular" for rep in ftype.representations):
             return False, f"{side} fields are not all regular representations of {G.name}"
+    N = G.order()
+    if module.weights.numel() != module.in_type.size * module.out_type.size // N:
+        return False, f"{module.weights.numel()} basis coefficients, not N = {N} per pair of fields"
     return True, ""
 
 
-_ESCNN_MAPS: dict = {}  # (kind, N, dtype, device) -> (M (N, N), index order, bias scale), from a probe layer
-
-
-def _escnn_map(conv: bool, in_type, dtype, device) -> tuple[torch.Tensor, str, float]:
-    """For an escnn layer (``conv``: 1x1 R2Conv, else Linear) on regular fields of C_N (``in_type``): M (N, N)
-    with planes[:, o, i] = M @ weights[o, i, :] (``order`` "dcj": weights.view(d, c, N); "cdj":
-    weights.view(c, d, N)), and the factor of the bias in each output channel."""
-    from escnn import nn as enn
-
-    N = in_type.fibergroup.order()
-    key = (conv, N, dtype, device)
-    if key in _ESCNN_MAPS:
-        return _ESCNN_MAPS[key]
-    gs, rep = in_type.gspace, in_type.representations[0]
-    c, d = 2, 3  # a probe with distinct field counts tells the weights' index order apart
-    types = enn.FieldType(gs, [rep] * c), enn.FieldType(gs, [rep] * d)
-    probe = (enn.R2Conv(*types, kernel_size=1) if conv else enn.Linear(*types)).to(torch.float64)
-    n = probe.weights.numel()
-    if n != d * c * N:
-        raise TypeError(f"escnn layer with {n} basis coefficients for {d} x {c} regular fields of C_{N}")
-    M = torch.zeros(N, N, dtype=torch.float64)
-    orders = {"dcj", "cdj"}  # the index orders consistent with every coefficient so far
-    with torch.no_grad():
-        for k in range(n):
-            probe.weights.zero_()
-            probe.weights[k] = 1.0
-            dense = probe.expand_parameters()[0].reshape(d * N, c * N)
-            blocks = dense.reshape(d, N, c, N).abs().sum((1, 3))
-            o, i = divmod(int(blocks.argmax()), c)
-            block = dense.reshape(d, N, c, N)[o, :, i, :]
+def _escnn_map(module: nn.Module) -> tuple[torch.Tensor, str, float]:
+    """For an escnn layer on regular fields of C_N (``escnn_candidate``): M (N, N), float64 on the weights'
+    device, with planes[:, o, i] = M @ weights[o, i, :] (``order`` "dcj": weights.view(d, c, N); "cdj":
+    weights.view(c, d, N)), and the factor of the bias in each output channel. Read off the layer's own basis
+    expansion of one-hot weights (N + 1 expansions; no random numbers drawn, nothing of escnn's changed), so
+    it holds whatever escnn's basis is (float32-sampled for C8)."""
+    N = module.in_type.fibergroup.order()
+    c, d = module.in_type.size // N, module.out_type.size // N
+    w0 = module.weights
+    with torch.inference_mode(False), torch.no_grad():
+        M = torch.zeros(N, N, dtype=torch.float64, device=w0.device)
+        order = "dcj"
+        for k in range(N + 1 if c * d > 1 else N):
+            e = torch.zeros_like(w0)
+            e[k] = 1.0
+            dense = module._basisexpansion(e).reshape(d, N, c, N).double()
+            o, i = divmod(int(dense.abs().sum((1, 3)).argmax()), c)
+            if k == N:  # the second field pair tells the index order apart
+                order = "dcj" if (o, i) == divmod(1, c) else "cdj"
+                break
+            block = dense[o, :, i, :]
             w = block[0]  # row t = 0 holds w[s]; a circulant block: row t = w rolled by t
             off = (reference.dense_weight(w.view(1, 1, N)) - block).abs().max()
-            if off > 1e-5 * max(w.abs().max(), 1e-30):
-                raise TypeError(f"escnn's C_{N} basis element {k} is not a circulant block")
-            orders &= {name for name, at in (("dcj", o * c + i), ("cdj", i * d + o)) if k // N == at}
-            if not orders:
-                raise TypeError(f"escnn's C_{N} weights are not laid out per field pair")
-            if o == 0 and i == 0:
-                M[:, k % N] = dft_basis(N) @ w
-        bexp = getattr(probe, "bias_expansion", None)
+            if (o, i) != (0, 0) or off > 1e-5 * max(w.abs().max(), 1e-30):
+                raise TypeError(f"escnn's C_{N} basis element {k} is not a circulant block of fields (0, 0)")
+            M[:, k] = dft_basis(N, device=w0.device) @ w
+        bexp = getattr(module, "bias_expansion", None)
         scale = float(bexp[0, 0]) if bexp is not None else 1.0
-    _ESCNN_MAPS[key] = (M.to(dtype=dtype, device=device), min(orders), scale)
-    return _ESCNN_MAPS[key]
+    return M, order, scale
 
 
 def escnn_eq_linear(module: nn.Module) -> nn.Module:
@@ -361,6 +354,8 @@ def _escnn_class():
             self._dense_name = "filter" if self.conv else "matrix"  # escnn's eval-mode buffers
             self._cache = None
             self.training = module.training
+            self._map = _escnn_map(module)  # (M in float64, order, bias scale)
+            self._maps = {}  # M per (dtype, device) of the weights
 
         def _cache_params(self) -> tuple:
             return self.weights, getattr(self, "bias", None)
@@ -369,7 +364,11 @@ def _escnn_class():
             """(planes (T, d, c), bias (d,) or None) from escnn's parameters; differentiable."""
             w, b = self._cache_params()
             (c, d), T = self._fields, self.group_size
-            M, order, scale = _escnn_map(self.conv, self.in_type, w.dtype, w.device)
+            M64, order, scale = self._map
+            M = self._maps.get((w.dtype, w.device))
+            if M is None:  # (a normal tensor even when first made under inference_mode)
+                with torch.inference_mode(False), torch.no_grad():
+                    M = self._maps[(w.dtype, w.device)] = M64.to(device=w.device, dtype=w.dtype)
             g = w.view(d, c, T) if order == "dcj" else w.view(c, d, T).transpose(0, 1)
             return torch.einsum("kj,ocj->koc", M, g), None if b is None else b * scale
 
@@ -403,7 +402,7 @@ def _escnn_class():
             if mode:
                 for name in (self._dense_name, "expanded_bias"):
                     self._buffers.pop(name, None)
-            elif self.training:
+            elif self.training or not self.conv:  # (escnn's Linear rebuilds them at every eval())
                 W, B = self._dense()
                 self.register_buffer(self._dense_name, W)
                 if B is not None:

@@ -156,12 +156,13 @@ class _EQLinearBase(ParamCache, nn.Module):
         # Accept the other layout (by metadata) and reference-style entries. A copy of the
         # metadata: it is the caller's state_dict._metadata entry (loading twice must work).
         meta = dict(local_metadata or {})
+        converted = convert_layer_entries(state_dict, prefix, meta, self._layout, self.weight.dtype)
         from .layouts import naive_layouts  # (layouts imports this module)
 
         for name in {n for lay in naive_layouts() for n in lay.buffers}:  # a naive layer's index buffers
             if prefix + name in state_dict and name not in self._buffers:
                 del state_dict[prefix + name]  # accepted, not kept (a layer swapped in keeps them itself)
-        if not convert_layer_entries(state_dict, prefix, meta, self._layout, self.weight.dtype):
+        if not converted:
             # No layout metadata (e.g. a hand-built dict): convert the other layout's weight only
             # where its shape cannot be mistaken for this layer's.
             w = state_dict.get(prefix + "weight")
@@ -418,37 +419,52 @@ def _source(layout: str, weight: str, weight_dim: int, bias: str, b) -> dict:
     }
 
 
+def _naive_entries(state_dict, prefix: str, local_metadata):
+    """(layout, weight key, bias key or None) of naive entries under ``prefix`` in a layout of
+    :func:`flash_eqlinear.layouts.naive_layouts`, or None. A weight (d, 1, c, T) or, where its name cannot be
+    FlashEQLinear's own ``weight``, (d, c, T); a bias (d, 1) or (d,); the layout's required buffers present.
+    ``NaiveEQLinear``'s own entries (and our layers' in general) go by their layout metadata instead."""
+    from .layouts import naive_layouts  # (layouts imports this module)
+
+    if (local_metadata or {}).get(LAYOUT_KEY) == "planes":
+        return None
+    for lay in naive_layouts():
+        if lay.name == "naive":
+            continue
+        w = state_dict.get(prefix + lay.weight)
+        if not isinstance(w, torch.Tensor) or w.dim() not in (3, 4) or (w.dim() == 4 and w.shape[1] != 1):
+            continue
+        if w.dim() == 3 and lay.weight == "weight":  # (T, d, c) planes look the same
+            continue
+        if any(prefix + name not in state_dict for name in lay.requires if name in lay.buffers):
+            continue
+        b = state_dict.get(prefix + lay.bias) if lay.bias else None
+        ok_bias = isinstance(b, torch.Tensor) and b.numel() == w.shape[0] and b.dim() in (1, 2)
+        return lay, prefix + lay.weight, prefix + lay.bias if ok_bias else None
+    return None
+
+
 def convert_layer_entries(state_dict, prefix: str, local_metadata, layout="planes", dtype=None) -> bool:
     """Rewrite one layer's entries under ``prefix`` into ``layout`` ("planes": FlashEQLinear,
     "group": NaiveEQLinear), in place, rounding once to ``dtype`` (default: the entry's).
 
-    Recognised: reference-style ``weights (d, 1, c, T)`` with optional ``c (d, 1)``; and our
-    layers' ``weight`` whose metadata records the other layout. Returns whether anything changed.
+    Recognised: the naive layouts' entries (:func:`_naive_entries`: reference-style ``weights (d, 1, c, T)``
+    with optional ``c (d, 1)``, ``weight (d, 1, c, T)`` with an index buffer, registered layouts), and our
+    layers' ``weight`` whose metadata records the other layout. Converting to planes records the naive
+    layout the entries came from (SOURCE_KEY). Returns whether anything changed.
     """
-    wkey, bkey = prefix + "weights", prefix + "c"
-    ref = state_dict.get(wkey)
-    w4 = state_dict.get(prefix + "weight")
-    if isinstance(w4, torch.Tensor) and w4.dim() == 4 and w4.shape[1] == 1:  # weight (d, 1, c, T), bias (d,)
-        w = w4.squeeze(1)
+    found = _naive_entries(state_dict, prefix, local_metadata)
+    if found is not None:
+        lay, wkey, bkey = found
+        w4 = state_dict.pop(wkey)
+        b = state_dict.pop(bkey) if bkey else None
+        w = w4.reshape(w4.shape[0], w4.shape[-2], w4.shape[-1])
         state_dict[prefix + "weight"] = _to_layout(w, "planes", dtype) if layout == "planes" else w
-        b = state_dict.get(prefix + "bias")
-        if isinstance(b, torch.Tensor) and b.dim() == 2 and b.shape[1] == 1:
+        if b is not None:
             state_dict[prefix + "bias"] = b.reshape(-1)
         local_metadata[LAYOUT_KEY] = layout
         if layout == "planes":  # where the entries came from (exported back by naive_state_dict)
-            local_metadata[SOURCE_KEY] = _source("weight_index", "weight", 4, "bias", b)
-        return True
-    if isinstance(ref, torch.Tensor) and ref.dim() == 4 and ref.shape[1] == 1:
-        w = ref.squeeze(1)
-        state_dict[prefix + "weight"] = _to_layout(w, "planes", dtype) if layout == "planes" else w
-        del state_dict[wkey]
-        cb = state_dict.get(bkey)
-        if isinstance(cb, torch.Tensor) and cb.dim() == 2 and cb.shape[1] == 1:
-            state_dict[prefix + "bias"] = cb.reshape(-1)
-            del state_dict[bkey]
-        local_metadata[LAYOUT_KEY] = layout
-        if layout == "planes":
-            local_metadata[SOURCE_KEY] = _source("reference", "weights", 4, "c", cb)
+            local_metadata[SOURCE_KEY] = _source(lay.name, lay.weight, w4.dim(), lay.bias or "bias", b)
         return True
     stored = (local_metadata or {}).get(LAYOUT_KEY)
     if stored in ("planes", "group") and stored != layout and prefix + "weight" in state_dict:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from .layouts import SwappedEQLinear, escnn_candidate, escnn_eq_linear, find_layout
+from .layouts import SwappedEQLinear, escnn_candidate, escnn_eq_linear, find_layout, naive_layouts
 from .modules import LAYOUT_KEY, SOURCE_KEY, FlashEQLinear, _to_layout, convert_layer_entries
 
 __all__ = ["swap_eq_linear", "convert_state_dict", "naive_state_dict", "is_naive_eq_linear"]
@@ -145,8 +145,12 @@ def convert_state_dict_with_names(state_dict, only=None):
         raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
     out = OrderedDict(state_dict)
     meta = OrderedDict((k, dict(v)) for k, v in getattr(state_dict, "_metadata", {}).items())
-    # Only a key named exactly ``weights`` (not e.g. ``class_weights``) is a reference-style weight.
-    prefixes = {k[: -len("weights")] for k in state_dict if k == "weights" or k.endswith(".weights")}
+    # The prefixes of entries named as a naive layout's weight (exactly: ``weights``, not ``class_weights``);
+    # convert_layer_entries checks their shapes.
+    names = {lay.weight for lay in naive_layouts()}
+    prefixes = {
+        k.rpartition(".")[0] + "." if "." in k else "" for k in state_dict if k.rpartition(".")[2] in names
+    }
     prefixes |= {k + "." if k else "" for k, v in meta.items() if v.get(LAYOUT_KEY) == "group"}
     if only is not None:
         only = {name + "." if name else "" for name in ([only] if isinstance(only, str) else only)}

@@ -492,3 +492,73 @@ def test_escnn_pointwise_layers_swapped_keep_parameters_and_training(N, gen, cap
         assert {k: tuple(v.shape) for k, v in fast.state_dict().items()} == {
             k: tuple(v.shape) for k, v in model.state_dict().items()
         }
+
+
+def test_swap_is_idempotent_for_both_parametrisations_with_index_buffers(gen):
+    """Our fused layers are never taken for naive ones (a planes layer keeps an index buffer)."""
+    naive = Mixed(16).double()
+    x = torch.randn(3, 16, generator=gen, dtype=F64)
+    for params in ("keep", "planes"):
+        fast = copy.deepcopy(naive)
+        assert len(fe.swap_eq_linear(fast, params=params)) == 3
+        assert fe.swap_eq_linear(fast) == [] and fe.swap_eq_linear(fast, params="planes") == []
+        with torch.no_grad():
+            assert rel_l2(fast(x), naive(x)) < 1e-12
+
+
+def test_registered_layout_loads_and_converts(gen):
+    class Kernel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.kern = nn.Parameter(torch.randn(3, 2, 4, dtype=F64))
+            self.off = nn.Parameter(torch.randn(3, dtype=F64))
+
+        def forward(self, x):
+            return fe.reference.naive_eq_linear(x, self.kern, self.off, 4)
+
+    fe.register_naive_layout(fe.NaiveLayout("kern", weight="kern", bias="off", classes=(Kernel,)))
+    model = nn.Sequential(Kernel())
+    original = model.state_dict()
+    planes = copy.deepcopy(model)
+    fe.swap_eq_linear(planes, params="planes")
+    planes.load_state_dict(original)  # loads directly
+    converted = fe.convert_state_dict(original)
+    assert set(converted) == {"0.weight", "0.bias"}
+    fresh = copy.deepcopy(model)
+    fe.swap_eq_linear(fresh, params="planes")
+    fresh.load_state_dict(converted)
+    back = fe.naive_state_dict(fresh)  # the layout it came from
+    assert set(back) == set(original) and all(rel_l2(back[k], v) < 1e-14 for k, v in original.items())
+    x = torch.randn(2, 8, generator=gen, dtype=F64)
+    with torch.no_grad():
+        assert rel_l2(planes(x), model(x)) < 1e-12 and rel_l2(fresh(x), model(x)) < 1e-12
+
+
+def test_kept_tensors_made_under_inference_mode_serve_training(gen):
+    layer = fe.SwappedEQLinear(RefEQLinear(1024, 1024).double()).eval()  # the Fourier form on CPU
+    fe.layouts._BASIS.clear()
+    with torch.inference_mode():
+        layer(torch.randn(300, 1024, generator=gen, dtype=F64))
+    layer.train()
+    layer(torch.randn(300, 1024, generator=gen, dtype=F64)).sum().backward()
+    assert layer.weights.grad is not None
+
+
+def test_escnn_swap_changes_nothing_else(gen):
+    """The escnn adapter reads escnn's own expansion: no other layer's basis changes dtype, no random number
+    is drawn; layers with a filtered basis are left alone."""
+    pytest.importorskip("escnn", reason="escnn not installed (pip install flash-eqlinear[escnn])")
+    enn, cnn, _ = _escnn_models(4)
+    cnn = cnn.float()
+    other, fast = copy.deepcopy(cnn), copy.deepcopy(cnn)
+    x = enn.GeometricTensor(torch.randn(2, 12, 5, 5, generator=gen), cnn.in_type)
+    torch.manual_seed(5)
+    expected = torch.rand(1).item()
+    torch.manual_seed(5)
+    assert fe.swap_eq_linear(fast, include="0") == ["0"]
+    with torch.no_grad():
+        fast(x), other(x), cnn(x)  # the float32 escnn layers all still run
+    assert torch.rand(1).item() == expected  # nothing drawn from the global generator
+    filtered = enn.R2Conv(cnn.in_type, cnn.in_type, kernel_size=1, basis_filter=lambda attr: attr["idx"] != 3)
+    assert filtered.weights.numel() != 12 * 12 // 4
+    assert fe.swap_eq_linear(enn.SequentialModule(filtered)) == []
