@@ -133,7 +133,44 @@ def _fsdp(rank, device, name, model, tmp):
     _same_params(ref, again, f"DCP one process -> FSDP2, {name}")
 
 
-def _worker(rank, device_type, port, tmp, queue):
+def _ddp_compiled_autocast(rank, device, name, model):
+    """A torch.compile'd DDP model under bf16 autocast against one eager process: losses and parameters
+    within what bf16 allows."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [rank] if device.type == "cuda" else None
+    ref, mine = copy.deepcopy(model), torch.compile(DDP(copy.deepcopy(model), device_ids=ids))
+    x = _batch(name, device)
+    opts = _optimizer(name, ref), _optimizer(name, mine)
+    for _ in range(STEPS):
+        losses = []
+        for m, opt, batch in ((ref, opts[0], x), (mine, opts[1], x.chunk(WORLD)[rank])):
+            opt.zero_grad()
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = _loss(m, batch)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        total = losses[1].clone()
+        dist.all_reduce(total)
+        assert abs(total.item() / WORLD - losses[0].item()) <= 2e-2 * abs(losses[0].item()), (name, losses)
+    for (pname, p), q in zip(ref.named_parameters(), mine.module.parameters(), strict=True):
+        assert rel_l2(q.detach().cpu(), p.detach().cpu()) < 2e-2, f"compiled DDP bf16 {name}: {pname}"
+
+
+def _run_all(rank, device, tmp):
+    for name, model in _models(device).items():
+        _ddp(rank, device, name, model)
+        _fsdp(rank, device, name, model, tmp)
+
+
+def _run_compiled(rank, device, tmp):
+    models = _models(device)
+    for name in ("planes", "keep"):
+        _ddp_compiled_autocast(rank, device, name, models[name])
+
+
+def _worker(rank, device_type, port, tmp, queue, scenario):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     backend = "nccl" if device_type == "cuda" else "gloo"
     try:
@@ -141,9 +178,7 @@ def _worker(rank, device_type, port, tmp, queue):
             torch.cuda.set_device(rank)
         device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
         dist.init_process_group(backend, rank=rank, world_size=WORLD)
-        for name, model in _models(device).items():
-            _ddp(rank, device, name, model)
-            _fsdp(rank, device, name, model, tmp)
+        scenario(rank, device, tmp)
         queue.put((rank, None))
     except BaseException:
         queue.put((rank, traceback.format_exc()))
@@ -158,14 +193,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available in this build")
-def test_ddp_fsdp2_and_dcp_match_one_process(tmp_path):
+def _spawn(scenario, tmp):
     device_type = "cuda" if torch.cuda.device_count() >= WORLD and dist.is_nccl_available() else "cpu"
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_worker, args=(r, device_type, port, str(tmp_path), queue)) for r in range(WORLD)
+        ctx.Process(target=_worker, args=(r, device_type, port, str(tmp), queue, scenario))
+        for r in range(WORLD)
     ]
     for p in procs:
         p.start()
@@ -174,3 +209,19 @@ def test_ddp_fsdp2_and_dcp_match_one_process(tmp_path):
         p.join(timeout=60)
     failures = {r: tb for r, tb in results.items() if tb}
     assert not failures, "\n".join(f"rank {r}:\n{tb}" for r, tb in failures.items())
+
+
+needs_dist = pytest.mark.skipif(
+    not dist.is_available(), reason="torch.distributed is not available in this build"
+)
+
+
+@needs_dist
+def test_ddp_fsdp2_and_dcp_match_one_process(tmp_path):
+    _spawn(_run_all, tmp_path)
+
+
+@needs_dist
+@pytest.mark.slow  # (compiles in each process)
+def test_compiled_ddp_under_bf16_autocast(tmp_path):
+    _spawn(_run_compiled, tmp_path)
