@@ -198,7 +198,9 @@ class SwappedEQLinear(ParamCache, nn.Module):
             # made under inference_mode, so that training can use it later)
             with torch.inference_mode(False), torch.no_grad():
                 Q = _BASIS[key] = dft_basis(self.group_size, work, g.device)
-        return torch.einsum("js,dcs->jdc", Q, g.to(work)).to(g.dtype)
+        T = self.group_size
+        # (T, T) @ (T, d*c): the planes contiguous, (T, d, c), in one product (its backward: one more)
+        return (Q @ g.to(work).reshape(-1, T).t()).view(T, *g.shape[:2]).to(g.dtype)
 
     def _params_for(self, x) -> tuple:
         """(planes (T, d, c), bias (d,) or None) for a call on ``x``: made per call (differentiable), or in
