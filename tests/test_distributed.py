@@ -225,3 +225,28 @@ def test_ddp_fsdp2_and_dcp_match_one_process(tmp_path):
 @pytest.mark.slow  # (compiles in each process)
 def test_compiled_ddp_under_bf16_autocast(tmp_path):
     _spawn(_run_compiled, tmp_path)
+
+
+@needs_dist
+@pytest.mark.slow  # (six short runs of the example)
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_example_resumes_to_the_uninterrupted_loss(mode, tmp_path):
+    """examples/train.py under torchrun on two processes: a run stopped at step 2 and resumed from its
+    checkpoint ends with the loss of an uninterrupted run."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD)]
+    args = [str(script), "--dist", mode, "--scale", "tiny", "--batch", "4", "--classes", "10"]
+
+    def final(*extra):
+        port = ["--master_port", str(_free_port())]
+        res = subprocess.run([*torchrun, *port, *args, *extra], capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return [line for line in res.stdout.splitlines() if line.startswith("final loss")][-1]
+
+    whole = final("--steps", "4")
+    final("--steps", "2", "--ckpt-dir", str(tmp_path))
+    assert final("--steps", "4", "--ckpt-dir", str(tmp_path)) == whole
