@@ -151,6 +151,8 @@ def main(argv=None) -> int:
         if rank == 0:
             print(f"\nfinal loss {loss.item():.6f}")
     if dist.is_initialized():
+        dist.barrier()  # every process done with its collectives, and DDP's reducer gone, before the group
+        del run, model, opt
         dist.destroy_process_group()
     return 0
 

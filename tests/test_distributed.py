@@ -179,6 +179,7 @@ def _worker(rank, device_type, port, tmp, queue, scenario):
         device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
         dist.init_process_group(backend, rank=rank, world_size=WORLD)
         scenario(rank, device, tmp)
+        dist.barrier()  # both done with their collectives before the group goes
         queue.put((rank, None))
     except BaseException:
         queue.put((rank, traceback.format_exc()))
@@ -196,7 +197,7 @@ def _free_port() -> int:
 def _spawn(scenario, tmp):
     device_type = "cuda" if torch.cuda.device_count() >= WORLD and dist.is_nccl_available() else "cpu"
     ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
+    queue = ctx.Queue()
     port = _free_port()
     procs = [
         ctx.Process(target=_worker, args=(r, device_type, port, str(tmp), queue, scenario))
@@ -204,9 +205,13 @@ def _spawn(scenario, tmp):
     ]
     for p in procs:
         p.start()
-    results = dict(queue.get() for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
+    try:  # a hung collective fails the test instead of the whole run
+        results = dict(queue.get(timeout=300) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
     failures = {r: tb for r, tb in results.items() if tb}
     assert not failures, "\n".join(f"rank {r}:\n{tb}" for r, tb in failures.items())
 
@@ -238,12 +243,12 @@ def test_example_resumes_to_the_uninterrupted_loss(mode, tmp_path):
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "examples" / "train.py"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD)]
+    # --standalone: a local rendezvous on a free port of its own
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(WORLD)]
     args = [str(script), "--dist", mode, "--scale", "tiny", "--batch", "4", "--classes", "10"]
 
     def final(*extra):
-        port = ["--master_port", str(_free_port())]
-        res = subprocess.run([*torchrun, *port, *args, *extra], capture_output=True, text=True, timeout=300)
+        res = subprocess.run([*torchrun, *args, *extra], capture_output=True, text=True, timeout=240)
         assert res.returncode == 0, res.stdout + res.stderr
         return [line for line in res.stdout.splitlines() if line.startswith("final loss")][-1]
 
