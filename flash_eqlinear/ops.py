@@ -17,6 +17,7 @@ from . import reference
 from ._extension import BACKEND, debug_switch, kernel_import_error, kernels_available
 from ._extension import KERNEL_DTYPES as _KERNEL_DTYPES
 from .fourier import planes_to_naive
+from .reference import autocast_dtype as _autocast_dtype
 
 __all__ = [
     "flash_eq_linear",
@@ -37,9 +38,6 @@ if kernels_available():
     _CHUNKS_OP = torch.ops.flash_eqlinear.eq_linear_chunks.default
 else:
     _LAYER_OP = _CHUNKS_OP = None
-
-_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
-
 
 def backend_for(x: torch.Tensor, group_size: int) -> str:
     """The backend a call with this input would use: ``"cuda"`` (fused kernels) or ``"reference"``."""
@@ -72,15 +70,6 @@ def reference_form(x: torch.Tensor, group_size: int, c: int, d: int, dense_kept:
         if not dense_kept or (x.dim() >= 1 and x.numel() >= 256 * x.shape[-1]):
             return "fourier"
     return "dense"
-
-
-def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
-    """The dtype autocast casts x's device type to, or None where autocast is off there."""
-    dev = x.device.type
-    # Only state queries that torch.compile constant-folds (torch.amp.is_autocast_available is not).
-    if not torch._C._is_any_autocast_enabled() or dev not in _AUTOCAST_DEVICES:
-        return None
-    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
 
 
 def autocast_inputs(x, weight, bias, cast_x: bool = True):

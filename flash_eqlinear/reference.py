@@ -158,13 +158,23 @@ def _product_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype == torch.bfloat16 else _work_dtype(dtype)
 
 
+AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
+
+
+def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype autocast casts x's device type to, or None where autocast is off there."""
+    dev = x.device.type
+    # Only state queries that torch.compile constant-folds (torch.amp.is_autocast_available is not).
+    if not torch._C._is_any_autocast_enabled() or dev not in AUTOCAST_DEVICES:
+        return None
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+
+
 def _autocast_off(t: torch.Tensor):
     """A context with autocast off on t's device where it is on (it would narrow the FP32 work back to
-    16 bits); a null context otherwise. Only state queries that torch.compile constant-folds."""
-    dev = t.device.type
-    if torch._C._is_any_autocast_enabled() and dev in ("cpu", "cuda", "xpu", "mps"):
-        if torch.is_autocast_enabled(dev):
-            return torch.autocast(dev, enabled=False)
+    16 bits); a null context otherwise."""
+    if autocast_dtype(t) is not None:
+        return torch.autocast(t.device.type, enabled=False)
     return contextlib.nullcontext()
 
 
