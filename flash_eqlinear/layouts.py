@@ -20,16 +20,14 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from . import reference
 from .fourier import dft_basis, planes_to_naive
-from .modules import LAYOUT_KEY, FlashEQLinear, NaiveEQLinear, ParamCache, _to_layout
+from .modules import LAYOUT_KEY, FlashEQLinear, NaiveEQLinear, ParamCache, _to_layout, naive_forward
 from .ops import (
     _LAYER_OP,
     _autocast_dtype,
     _fused_eager,
-    autocast_inputs,
     backend_for,
     check_chunks,
     flash_eq_linear,
@@ -220,15 +218,10 @@ class SwappedEQLinear(ParamCache, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         T = self.group_size
         if not (isinstance(x, torch.Tensor) and backend_for(x, T) == "cuda"):
-            caches = self._caches()
-            if reference_form(x, T, *self._fields, dense_kept=caches) == "dense":
+            if reference_form(x, T, *self._fields, dense_kept=self._caches()) == "dense":
                 # Off the fused kernels, where the dense form runs: the naive layer's own computation.
                 b = self._cache_params()[1]
-                x, wc, bc = autocast_inputs(x, self.group_weight(), None if b is None else b.reshape(-1))
-                if not caches:
-                    return reference.naive_eq_linear(x, wc, bc, T)
-                dense = self._cached(("dense", wc.dtype), lambda: reference.dense_weight(wc.detach()))
-                return F.linear(x, dense, reference.dense_bias(None if bc is None else bc.detach(), T))
+                return naive_forward(self, x, self.group_weight(), None if b is None else b.reshape(-1), T)
         planes, b = self._params_for(x)
         if _LAYER_OP is not None and T == 4 and _fused_eager(x):
             return _LAYER_OP(x, planes, b)

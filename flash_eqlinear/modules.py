@@ -241,14 +241,21 @@ class NaiveEQLinear(_EQLinearBase):
         return self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x, w, b = autocast_inputs(x, self.weight, self.bias)
-        if not self._caches():
-            return reference.naive_eq_linear(x, w, b, self.group_size, self.circulant_index)
-        T = reference.check_inputs(x, w, b, self.group_size, "group")[0]  # the same errors as uncached
-        # w: the weight, possibly cast by autocast
-        wd, idx = w.detach(), self.circulant_index
-        dense = self._cached((w.dtype, w.device), lambda: reference.dense_weight(wd, idx))
-        return F.linear(x, dense, reference.dense_bias(b, T))
+        return naive_forward(self, x, self.weight, self.bias, self.group_size, self.circulant_index)
+
+
+def naive_forward(layer: ParamCache, x, w, b, group_size: int, index=None) -> torch.Tensor:
+    """The naive computation of ``layer`` (group weight ``w`` (d, c, T), bias ``b`` (d,) or None, derived from
+    its parameters): autocast's casts as ``nn.Linear``'s, the dense expansion, ``F.linear``; in inference
+    (``layer._caches()``) the expansion kept by ``layer``'s rules. ``index``: the expansion's tap index."""
+    x, w, b = autocast_inputs(x, w, b)
+    if not layer._caches():
+        return reference.naive_eq_linear(x, w, b, group_size, index)
+    T = reference.check_inputs(x, w, b, group_size, "group")[0]  # the same errors as uncached
+    # w: the weight, possibly cast by autocast
+    wd = w.detach()
+    dense = layer._cached((w.dtype, w.device), lambda: reference.dense_weight(wd, index))
+    return F.linear(x, dense, reference.dense_bias(b, T))
 
 
 class FlashEQLinear(_EQLinearBase):

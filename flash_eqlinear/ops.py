@@ -39,6 +39,7 @@ if kernels_available():
 else:
     _LAYER_OP = _CHUNKS_OP = None
 
+
 def backend_for(x: torch.Tensor, group_size: int) -> str:
     """The backend a call with this input would use: ``"cuda"`` (fused kernels) or ``"reference"``."""
     if (
