@@ -23,7 +23,15 @@ import torch.nn as nn
 
 from . import reference
 from .fourier import dft_basis, planes_to_naive
-from .modules import LAYOUT_KEY, FlashEQLinear, NaiveEQLinear, ParamCache, _to_layout, naive_forward
+from .modules import (
+    LAYOUT_KEY,
+    FlashEQLinear,
+    NaiveEQLinear,
+    ParamCache,
+    _source,
+    naive_forward,
+    planes_to_naive_entries,
+)
 from .ops import (
     _LAYER_OP,
     _autocast_dtype,
@@ -170,11 +178,8 @@ class SwappedEQLinear(ParamCache, nn.Module):
             and w.dim() == 3
         ):
             own_w, own_b = self._cache_params()
-            del state_dict[prefix + "weight"]
-            b = state_dict.pop(prefix + "bias", None)
-            state_dict[prefix + self._weight_name] = _to_layout(w, "group", own_w.dtype).reshape(own_w.shape)
-            if b is not None and own_b is not None:
-                state_dict[prefix + self._bias_name] = b.reshape(own_b.shape)
+            source = _source("", self._weight_name, own_w.dim(), self._bias_name, own_b)
+            planes_to_naive_entries(state_dict, prefix, source, own_w.dtype)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
 
     def _cache_params(self) -> tuple:

@@ -426,6 +426,18 @@ def _source(layout: str, weight: str, weight_dim: int, bias: str, b) -> dict:
     }
 
 
+def planes_to_naive_entries(state_dict, prefix: str, source: dict, dtype=None) -> None:
+    """Rewrite FlashEQLinear's entries under ``prefix`` (``weight`` planes (T, d, c), ``bias`` (d,)) into the
+    naive layout ``source`` (SOURCE_KEY's form: names and dims of weight and bias), in place; the weight
+    converted in float64 and rounded once to ``dtype`` (default: the entry's); a bias ``source`` has none
+    of is dropped."""
+    w = _to_layout(state_dict.pop(prefix + "weight"), "group", dtype)  # (d, c, T)
+    b = state_dict.pop(prefix + "bias", None)
+    state_dict[prefix + source["weight"]] = w.unsqueeze(1) if source["weight_dim"] == 4 else w
+    if b is not None and source["bias"]:
+        state_dict[prefix + source["bias"]] = b.reshape(-1, 1) if source["bias_dim"] == 2 else b
+
+
 def _naive_entries(state_dict, prefix: str, local_metadata):
     """(layout, weight key, bias key or None) of naive entries under ``prefix`` in a layout of
     :func:`flash_eqlinear.layouts.naive_layouts`, or None. A weight (d, 1, c, T) or, where its name cannot be

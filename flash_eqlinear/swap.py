@@ -13,7 +13,14 @@ import torch
 import torch.nn as nn
 
 from .layouts import SwappedEQLinear, escnn_candidate, escnn_eq_linear, find_layout, naive_layouts
-from .modules import LAYOUT_KEY, SOURCE_KEY, FlashEQLinear, _to_layout, convert_layer_entries
+from .modules import (
+    LAYOUT_KEY,
+    SOURCE_KEY,
+    FlashEQLinear,
+    _source,
+    convert_layer_entries,
+    planes_to_naive_entries,
+)
 
 __all__ = ["swap_eq_linear", "convert_state_dict", "naive_state_dict", "is_naive_eq_linear"]
 
@@ -42,13 +49,7 @@ def _flash_from(module: nn.Module) -> FlashEQLinear:
     for name, buf in module.named_buffers(recurse=False):
         if not hasattr(layer, name):
             layer.register_buffer(name, buf, persistent=name not in module._non_persistent_buffers_set)
-    layer.naive_source = {
-        "layout": layout.name,
-        "weight": layout.weight,
-        "weight_dim": w.dim(),
-        "bias": layout.bias if b is not None else None,
-        "bias_dim": None if b is None else b.dim(),
-    }
+    layer.naive_source = _source(layout.name, layout.weight, w.dim(), layout.bias, b)
     return layer.train(module.training)
 
 
@@ -194,18 +195,7 @@ def naive_state_dict_with_names(sd):
         planes = out.get(prefix + "weight")
         if local.get(LAYOUT_KEY) != "planes" or not isinstance(planes, torch.Tensor) or planes.dim() != 3:
             continue
-        src = local.pop(SOURCE_KEY, None) or {
-            "weight": "weight",
-            "weight_dim": 3,
-            "bias": "bias",
-            "bias_dim": 1,
-        }
-        w = _to_layout(planes, "group")  # (d, c, T)
-        bias = out.pop(prefix + "bias", None)
-        del out[prefix + "weight"]
-        out[prefix + src["weight"]] = w.unsqueeze(1) if src["weight_dim"] == 4 else w
-        if bias is not None and src["bias"]:
-            out[prefix + src["bias"]] = bias.reshape(-1, 1) if src["bias_dim"] == 2 else bias
+        planes_to_naive_entries(out, prefix, local.pop(SOURCE_KEY, None) or _NAIVE_SOURCE)
         local[LAYOUT_KEY] = "group"
         names.append(name)
     out._metadata = meta
