@@ -128,6 +128,16 @@ def find_layout(module: nn.Module) -> NaiveLayout | None:
 _BASIS: dict = {}  # dft_basis per (T, dtype, device), for SwappedEQLinear.planes
 
 
+def _kept_constant(store: dict, key, make) -> torch.Tensor:
+    """``store[key]``, made by ``make()`` the first time: outside inference mode, so that a constant first
+    made in an inference_mode call is a normal tensor that later training can use."""
+    t = store.get(key)
+    if t is None:
+        with torch.inference_mode(False), torch.no_grad():
+            t = store[key] = make()
+    return t
+
+
 def _record_group_layout(module, state_dict, prefix, local_metadata):
     local_metadata[LAYOUT_KEY] = "group"  # (the naive layouts' weights are group-domain)
 
@@ -195,13 +205,9 @@ class SwappedEQLinear(ParamCache, nn.Module):
         dtype (16-bit: made in FP32, rounded once); differentiable."""
         g = self.group_weight()
         work = torch.float32 if g.dtype in (torch.float16, torch.bfloat16) else g.dtype
-        key = (self.group_size, work, g.device)
-        Q = _BASIS.get(key)
-        if Q is None:  # (kept: made per call it costs a dozen small launches; a normal tensor even when first
-            # made under inference_mode, so that training can use it later)
-            with torch.inference_mode(False), torch.no_grad():
-                Q = _BASIS[key] = dft_basis(self.group_size, work, g.device)
         T = self.group_size
+        # (kept: made per call it costs a dozen small launches)
+        Q = _kept_constant(_BASIS, (T, work, g.device), lambda: dft_basis(T, work, g.device))
         # (T, T) @ (T, d*c): the planes contiguous, (T, d, c), in one product (its backward: one more)
         return (Q @ g.to(work).reshape(-1, T).t()).view(T, *g.shape[:2]).to(g.dtype)
 
@@ -254,8 +260,8 @@ class SwappedEQLinear(ParamCache, nn.Module):
 # every input and output field the regular representation of a cyclic group C_N, are EQ-Linear layers: escnn's
 # regular fields use this library's layout (element j of a field at channel j, the generator shifting j to
 # j + 1). Their learnable `weights` hold, per (output field, input field), N coefficients of escnn's basis;
-# the planes are a fixed linear map of them, read off escnn's own expansion of a probe layer (so it holds
-# whatever escnn's basis, float32-sampled for C8, is).
+# the planes are a fixed linear map of them, read off the layer's own basis expansion (so it holds whatever
+# escnn's basis, float32-sampled for C8, is).
 
 
 def escnn_candidate(module: nn.Module) -> tuple[bool, str]:
@@ -365,10 +371,9 @@ def _escnn_class():
             w, b = self._cache_params()
             (c, d), T = self._fields, self.group_size
             M64, order, scale = self._map
-            M = self._maps.get((w.dtype, w.device))
-            if M is None:  # (a normal tensor even when first made under inference_mode)
-                with torch.inference_mode(False), torch.no_grad():
-                    M = self._maps[(w.dtype, w.device)] = M64.to(device=w.device, dtype=w.dtype)
+            M = _kept_constant(
+                self._maps, (w.dtype, w.device), lambda: M64.to(device=w.device, dtype=w.dtype)
+            )
             g = w.view(d, c, T) if order == "dcj" else w.view(c, d, T).transpose(0, 1)
             return torch.einsum("kj,ocj->koc", M, g), None if b is None else b * scale
 
