@@ -29,6 +29,7 @@ import warnings
 
 import torch
 
+from .modules import _naive_entries
 from .swap import convert_state_dict_with_names, naive_state_dict_with_names
 
 CONTAINER_KEYS = ("state_dict", "model", "model_state_dict", "model_state", "net", "module", "ema")
@@ -84,12 +85,11 @@ def match_names(names, patterns) -> tuple[list[str], list[str]]:
 
 
 def _weight_key(state_dict, name: str) -> str:
-    """The key of the naive weight of converted layer ``name`` (as convert_layer_entries finds it)."""
+    """The key of the naive weight of converted layer ``name``, found as convert_layer_entries finds it (any
+    naive layout's weight; else NaiveEQLinear's ``weight``, known by its metadata)."""
     prefix = name + "." if name else ""
-    ref = state_dict.get(prefix + "weights")
-    if isinstance(ref, torch.Tensor) and ref.dim() == 4 and ref.shape[1] == 1:
-        return prefix + "weights"
-    return prefix + "weight"
+    found = _naive_entries(state_dict, prefix, getattr(state_dict, "_metadata", {}).get(name))
+    return found[1] if found is not None else prefix + "weight"
 
 
 def _check_dtypes(state_dict, names) -> None:

@@ -368,3 +368,18 @@ def test_cli_exports_back_to_the_naive_layouts(tmp_path, capsys):
     with torch.no_grad():
         assert rel_l2(restored(x), model(x)) < 1e-13
     assert main([str(src), str(dst), "--to", "naive", "--only", "0"]) == 2
+
+
+def test_refuses_non_float_weights_of_a_registered_layout():
+    """The dtype check finds a layer's naive weight as the conversion does, in any registered layout."""
+
+    class Kern(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.kern = nn.Parameter(torch.randn(3, 2, 4))
+            self.off = nn.Parameter(torch.randn(3))
+
+    fe.register_naive_layout(fe.NaiveLayout("kern_convert", weight="kern", bias="off", classes=(Kern,)))
+    sd = {"0.kern": torch.ones(3, 2, 4, dtype=torch.int64), "0.off": torch.zeros(3)}
+    with pytest.raises(TypeError, match=r"0\.kern \(torch\.int64\)"):
+        convert_checkpoint(sd)
