@@ -48,6 +48,8 @@ def parse(argv=None):
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     ap.add_argument("--ckpt-dir", default=None, help="checkpoints here; resumes from the latest one")
     ap.add_argument("--ckpt-every", type=int, default=50)
+    ap.add_argument("--log-every", type=int, default=10, help="progress line every N steps (each one a sync)")
+    ap.add_argument("--warmup", type=int, default=5, help="steps left out of the images/s figure")
     return ap.parse_args(argv)
 
 
@@ -63,13 +65,21 @@ def build(args, device) -> torch.nn.Module:
 
 
 def batch(args, step: int, img: int, device, rank: int, world: int):
-    """Process ``rank``'s share of step ``step``'s global batch (images, labels), alike on any world size."""
-    g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+    """Process ``rank``'s share of step ``step``'s global batch (images, labels), alike on any world size.
+
+    Made on the device (a generator there, seeded per step): drawing the images on the host would cost
+    more than the step of a small model."""
+    g = torch.Generator(device).manual_seed(args.seed * 1_000_003 + step)
     n = args.batch * world
-    x = torch.randn(n, 3, img, img, generator=g)
-    y = torch.randint(0, args.classes, (n,), generator=g)
+    x = torch.randn(n, 3, img, img, generator=g, device=device)
+    y = torch.randint(0, args.classes, (n,), generator=g, device=device)
     share = slice(rank * args.batch, (rank + 1) * args.batch)
-    return x[share].to(device, non_blocking=True), y[share].to(device, non_blocking=True)
+    return x[share], y[share]
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def latest(ckpt_dir: str | None) -> tuple[int, str | None]:
@@ -128,28 +138,38 @@ def main(argv=None) -> int:
             print(f"resumed from {path} (step {step})")
     run = torch.compile(model) if args.compile else model
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
-    t0, done, loss = time.perf_counter(), 0, None
+    t0, timed, loss = None, 0, None
+    first = step
     while step < args.steps:
+        if step - first == min(args.warmup, args.steps - first - 1):  # the clock starts after the warm-up
+            sync(device)
+            t0, timed = time.perf_counter(), 0
         x, y = batch(args, step, img, device, rank, world)
         opt.zero_grad(set_to_none=True)
         with autocast:
             loss = F.cross_entropy(run(x).float(), y)
         loss.backward()
         opt.step()
-        step, done = step + 1, done + 1
-        if rank == 0:
-            rate = done * args.batch * world / (time.perf_counter() - t0)
-            print(
-                f"\rstep {step}/{args.steps}  loss {loss.item():.4f}  {rate:.1f} images/s", end="", flush=True
+        step, timed = step + 1, timed + 1
+        if rank == 0 and (step % args.log_every == 0 or step == args.steps):
+            rate = (
+                "warming up"
+                if t0 is None
+                else f"{timed * args.batch * world / (time.perf_counter() - t0):.1f} images/s"
             )
+            print(f"\rstep {step}/{args.steps}  loss {loss.item():.4f}  {rate}", end="", flush=True)
         if args.ckpt_dir and (step % args.ckpt_every == 0 or step == args.steps):
             save(model, opt, step, args, rank)
+    if t0 is not None:
+        sync(device)
+        if rank == 0:  # images of all processes per second, over the steps after the warm-up
+            print(f"\nthroughput {timed * args.batch * world / (time.perf_counter() - t0):.1f} images/s")
     if loss is not None:
         if dist.is_initialized():  # the global batch's loss: the mean of the processes' equal shares
             dist.all_reduce(loss := loss.detach().clone())
             loss /= world
         if rank == 0:
-            print(f"\nfinal loss {loss.item():.6f}")
+            print(f"final loss {loss.item():.6f}")
     if dist.is_initialized():
         dist.barrier()  # every process done with its collectives, and DDP's reducer gone, before the group
         del run, model, opt
