@@ -26,6 +26,9 @@ TORCH_LIBRARY(flash_eqlinear, m) {
   // Its differentiable gradients (create_graph=True): implemented in Python (flash_eqlinear/_registry.py).
   m.def("eq_linear_grads_differentiable(Tensor grad_y, Tensor saved, Tensor planes, int form, bool needs_x, "
         "bool needs_p, bool needs_b) -> (Tensor, Tensor, Tensor)");
+  // The planes (T, d, c) of a group-domain weight (d, c, T) by a (T, T) basis, outside autocast, with its
+  // autograd (eq_group_planes.cpp): SwappedEQLinear's eager transform, on any device.
+  m.def("group_planes(Tensor weight, Tensor basis) -> Tensor");
   // The plan of a call (eq_linear_plan.h), as text (flash_eqlinear.explain).
   m.def("eq_linear_plan(int M, int c, int d, ScalarType dtype, bool x_fp32, Device device, bool needs_x, "
         "bool needs_p, bool needs_b, int chunks) -> str",
@@ -79,7 +82,10 @@ TORCH_LIBRARY_IMPL(flash_eqlinear, Autograd, m) {
   m.impl("eq_linear", &eq_linear_autograd);
   m.impl("eq_linear_chunks", &eq_linear_chunks_autograd);
   m.impl("group_layer_norm_fwd", &group_layer_norm_fwd_autograd);
+  m.impl("group_planes", &group_planes_autograd);
 }
+
+TORCH_LIBRARY_IMPL(flash_eqlinear, CompositeExplicitAutograd, m) { m.impl("group_planes", &group_planes); }
 
 TORCH_LIBRARY_IMPL(flash_eqlinear, AutocastCUDA, m) {
   m.impl("eq_linear", &eq_linear_autocast);

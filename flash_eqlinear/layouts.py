@@ -34,7 +34,9 @@ from .modules import (
 )
 from .ops import (
     _LAYER_OP,
+    _PLANES_OP,
     _autocast_dtype,
+    _eager,
     _fused_eager,
     backend_for,
     check_chunks,
@@ -208,8 +210,12 @@ class SwappedEQLinear(ParamCache, nn.Module):
         T = self.group_size
         # (kept: made per call it costs a dozen small launches)
         Q = _kept_constant(_BASIS, (T, work, g.device), lambda: dft_basis(T, work, g.device))
-        # (T, T) @ (T, d*c): the planes contiguous, (T, d, c), in one product (its backward: one more)
-        return (Q @ g.to(work).reshape(-1, T).t()).view(T, *g.shape[:2]).to(g.dtype)
+        if _PLANES_OP is not None and _eager():  # one dispatcher call and one node, below Python
+            return _PLANES_OP(g, Q)
+        # (T, T) @ (T, d*c): the planes contiguous, (T, d, c), in one product (its backward: one more), in the
+        # work dtype: not autocast's 16-bit product
+        with torch.autocast(g.device.type, enabled=False):
+            return (Q @ g.to(work).reshape(-1, T).t()).view(T, *g.shape[:2]).to(g.dtype)
 
     def _params_for(self, x) -> tuple:
         """(planes (T, d, c), bias (d,) or None) for a call on ``x``: made per call (differentiable), or in

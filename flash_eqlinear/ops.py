@@ -36,8 +36,9 @@ if kernels_available():
 
     _LAYER_OP = torch.ops.flash_eqlinear.eq_linear.default
     _CHUNKS_OP = torch.ops.flash_eqlinear.eq_linear_chunks.default
+    _PLANES_OP = torch.ops.flash_eqlinear.group_planes.default
 else:
-    _LAYER_OP = _CHUNKS_OP = None
+    _LAYER_OP = _CHUNKS_OP = _PLANES_OP = None
 
 
 def backend_for(x: torch.Tensor, group_size: int) -> str:
@@ -380,13 +381,12 @@ def explain(layer, x: torch.Tensor, chunks: int = 0) -> dict:
     return {"backend": "cuda", **out}
 
 
+def _eager() -> bool:
+    """Whether a call may go to the C++ autograd ops: eager, nothing tracing or transforming it."""
+    tracing = torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+    return BACKEND == "auto" and not tracing
+
+
 def _fused_eager(x) -> bool:
     """Whether an eager call with input x goes to the layer op (the fused kernels, not traced)."""
-    return (
-        isinstance(x, torch.Tensor)
-        and x.is_cuda
-        and BACKEND == "auto"
-        and x.dtype in _KERNEL_DTYPES
-        and not torch.compiler.is_compiling()
-        and not torch._C._are_functorch_transforms_active()
-    )
+    return isinstance(x, torch.Tensor) and x.is_cuda and x.dtype in _KERNEL_DTYPES and _eager()

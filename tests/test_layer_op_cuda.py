@@ -13,6 +13,7 @@ from conftest import debug_env, rel_l2, require_cuda_kernels
 
 import flash_eqlinear as fe
 from flash_eqlinear import ops, reference
+from flash_eqlinear.fourier import dft_basis
 
 require_cuda_kernels()
 
@@ -277,10 +278,37 @@ def test_swapped_layer_trains_as_the_naive_one(c, d, autocast):
     tol = 2e-2 if autocast else 1e-5
     for a, b in zip(*grads, strict=True):
         assert rel_l2(b, a) < tol, rel_l2(b, a)
-    names = top_level_ops(lambda: swapped(x))  # the planes' transform, then one call of the layer op
-    assert "flash_eqlinear::eq_linear" in names, names
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+        names = top_level_ops(lambda: swapped(x))
+    # the weight's (d, c, T) view, the planes' transform, the layer op: no casts or stock products
+    ours = [n for n in names if n.startswith("flash_eqlinear::")]
+    assert ours == ["flash_eqlinear::group_planes", "flash_eqlinear::eq_linear"] and len(names) <= 3, names
     swapped.eval()
     with torch.no_grad():
         y0 = swapped(x)
         assert top_level_ops(lambda: swapped(x)) == ["flash_eqlinear::eq_linear"]  # planes kept
         assert torch.equal(swapped(x), y0)
+
+
+@pytest.mark.parametrize("T", [2, 4, 8, 5])
+@pytest.mark.parametrize("dtype", [torch.float64, *DTYPES], ids=str)
+def test_group_planes_op(T, dtype):
+    """The eager transform of SwappedEQLinear: the planes and the weight's gradient against float64, the
+    product outside autocast (one rounding of 16-bit outputs), opcheck, a clear error."""
+    torch.manual_seed(0)
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    Q = dft_basis(T, work, torch.device(DEV))
+    w = torch.randn(40, 1, 24, T, device=DEV, dtype=dtype, requires_grad=True)
+    gp = torch.randn(T, 40, 24, device=DEV, dtype=dtype)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        p = ops._PLANES_OP(w.view(40, 24, T), Q)
+    (gw,) = torch.autograd.grad(p, w, gp)
+    Q64 = Q.double()
+    want = (Q64 @ w.detach().double().reshape(-1, T).t()).view(T, 40, 24)
+    want_gw = (gp.double().reshape(T, -1).t() @ Q64).view(w.shape)
+    eps = {torch.float64: 1e-15, torch.float32: 1e-6}.get(dtype, torch.finfo(dtype).eps)
+    assert p.dtype == dtype and gw.dtype == dtype and p.is_contiguous() and gw.shape == w.shape
+    assert rel_l2(p, want) < eps and rel_l2(gw, want_gw) < eps, (rel_l2(p, want), rel_l2(gw, want_gw))
+    torch.library.opcheck(ops._PLANES_OP, (w.detach().view(40, 24, T).requires_grad_(), Q))
+    with pytest.raises(ValueError, match=r"weight must have shape \(d, c, T\)"):
+        ops._PLANES_OP(w.detach().view(40, 24, T)[..., :1], Q)
