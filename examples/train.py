@@ -127,7 +127,8 @@ def main(argv=None) -> int:
         for block in model.blocks:
             fully_shard(block)
         fully_shard(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05)
+    # (fused: one kernel per parameter group and step; the default foreach form costs more host time)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05, fused=cuda)
     step, path = latest(args.ckpt_dir)
     if path is not None:
         model_sd, opt_sd = get_state_dict(model, opt)
