@@ -11,6 +11,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "eq_host_common.h"
 #include "eq_ops.h"
 
 namespace flash_eqlinear {
@@ -19,14 +20,15 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// (Messages from strings only: eq_host_common.h says why.)
 void check_group_planes(const at::Tensor& w, const at::Tensor& basis) {
   TORCH_CHECK_VALUE(basis.dim() == 2 && basis.size(0) == basis.size(1) && basis.size(0) >= 1,
-                    "group_planes: basis must be a square (T, T) matrix, got ", basis.sizes());
+                    "group_planes: basis must be a square (T, T) matrix, got ", shape(basis.sizes()));
   TORCH_CHECK_VALUE(w.dim() == 3 && w.size(2) == basis.size(0), "group_planes: weight must have shape (d, c, T) = (d, c, ",
-                    basis.size(0), "), got ", w.sizes());
+                    num(basis.size(0)), "), got ", shape(w.sizes()));
   TORCH_CHECK_TYPE(w.is_floating_point() && basis.is_floating_point(),
-                   "group_planes: weight and basis must be floating point, got ", w.scalar_type(), " and ",
-                   basis.scalar_type());
+                   "group_planes: weight and basis must be floating point, got ",
+                   std::string(c10::toString(w.scalar_type())), " and ", std::string(c10::toString(basis.scalar_type())));
   TORCH_CHECK(w.device() == basis.device(), "group_planes: weight is on ", w.device().str(), " but basis on ",
               basis.device().str());
 }

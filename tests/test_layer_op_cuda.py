@@ -280,9 +280,10 @@ def test_swapped_layer_trains_as_the_naive_one(c, d, autocast):
         assert rel_l2(b, a) < tol, rel_l2(b, a)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
         names = top_level_ops(lambda: swapped(x))
-    # the weight's (d, c, T) view, the planes' transform, the layer op: no casts or stock products
+    # the planes' transform and the layer op, beside reshapes of the parameters: no casts or stock products
     ours = [n for n in names if n.startswith("flash_eqlinear::")]
-    assert ours == ["flash_eqlinear::group_planes", "flash_eqlinear::eq_linear"] and len(names) <= 3, names
+    assert ours == ["flash_eqlinear::group_planes", "flash_eqlinear::eq_linear"], names
+    assert set(names) - set(ours) <= {"aten::reshape", "aten::view"}, names
     swapped.eval()
     with torch.no_grad():
         y0 = swapped(x)
