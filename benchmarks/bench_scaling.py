@@ -1,6 +1,6 @@
 """Training throughput on one GPU and under DDP on several: EQ-ViT flash against the plain ViT.
 
-Each run is ``examples/train.py`` (bf16 autocast, fused-free AdamW, synthetic data made on the GPU, eager)
+Each run is ``examples/train.py`` (bf16 autocast, fused AdamW, synthetic data made on the GPU, eager)
 under ``torchrun --standalone --nproc_per_node N``, with the same per-GPU batch for every N, so that the
 ideal N-GPU throughput is N times the one-GPU figure. The figure is the images of all processes per
 second over the steps after the warm-up (``throughput`` line of the example). Runs go one at a time, each
@@ -62,12 +62,11 @@ def main() -> int:
                 rate = throughput(scale, variant, n, args)
                 rows.append({"scale": scale, "variant": variant, "gpus": n, "images_per_s": rate})
                 print(f"vit-{scale} {variant} {n} GPU: {rate:.1f} images/s", flush=True)
-    rate = {(r["scale"], r["variant"], r["gpus"]): r["images_per_s"] for r in rows}
+    by_run = {(r["scale"], r["variant"], r["gpus"]): r["images_per_s"] for r in rows}
     print("\n| model | GPUs | variant | images/s | scaling | flash / plain |\n|---|---|---|---|---|---|")
     for r in rows:
-        key = (r["scale"], r["variant"])
-        scaling = r["images_per_s"] / rate[key + (gpus[0],)]
-        plain = rate.get((r["scale"], "plain", r["gpus"]))
+        scaling = r["images_per_s"] / by_run[(r["scale"], r["variant"], gpus[0])]
+        plain = by_run.get((r["scale"], "plain", r["gpus"]))
         vs = f"{r['images_per_s'] / plain:.2f}x" if plain and r["variant"] != "plain" else ""
         cells = [
             f"vit-{r['scale']}",

@@ -32,10 +32,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> eq_linear_fwd_split3(
                                                                               const at::Tensor& planes,
                                                                               const std::optional<at::Tensor>& bias);
 
-// ---- eq_linear_bwd_api.cpp: the backward ops ----
-std::tuple<at::Tensor, at::Tensor> eq_linear_bwd_weight(const at::Tensor& x, const at::Tensor& grad_y);
+// ---- eq_group_planes.cpp: a group-domain weight's planes (SwappedEQLinear), with its autograd ----
 at::Tensor group_planes(const at::Tensor& w, const at::Tensor& basis);
 at::Tensor group_planes_autograd(const at::Tensor& w, const at::Tensor& basis);
+
+// ---- eq_linear_bwd_api.cpp: the backward ops ----
+std::tuple<at::Tensor, at::Tensor> eq_linear_bwd_weight(const at::Tensor& x, const at::Tensor& grad_y);
 std::tuple<at::Tensor, at::Tensor> eq_group_dft_op(const at::Tensor& t, bool input, bool sum);
 // The backward ops' checks: grad_y (M, 4d / parts), t (M, 4c) (named tname), planes (4, d, c).
 void check_bwd_args(const at::Tensor& grad_y, const at::Tensor& t, const at::Tensor& planes, const char* what,

@@ -11,7 +11,8 @@ processes up to reduction order, and a resumed run is the same as an uninterrupt
 builds the naive model and swaps its layers (``flash_eqlinear.swap_eq_linear``: the naive parameters kept),
 as a user does with a model of their own. Every ``--ckpt-every`` steps the model and optimizer state go to
 ``--ckpt-dir`` through ``torch.distributed.checkpoint`` (sharded under FSDP2); a run finding a checkpoint
-there resumes from it. Prints a progress line with images/s, and the last step's loss.
+there resumes from it. Prints a progress line every ``--log-every`` steps, the throughput (images/s of all
+processes over the steps after ``--warmup``) and the last step's loss.
 """
 
 from __future__ import annotations
@@ -140,6 +141,10 @@ def main(argv=None) -> int:
     run = torch.compile(model) if args.compile else model
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
     t0, timed, loss = None, 0, None
+
+    def images_per_s() -> float:  # all processes' images since the clock started
+        return timed * args.batch * world / (time.perf_counter() - t0)
+
     first = step
     while step < args.steps:
         if step - first == min(args.warmup, args.steps - first - 1):  # the clock starts after the warm-up
@@ -153,18 +158,14 @@ def main(argv=None) -> int:
         opt.step()
         step, timed = step + 1, timed + 1
         if rank == 0 and (step % args.log_every == 0 or step == args.steps):
-            rate = (
-                "warming up"
-                if t0 is None
-                else f"{timed * args.batch * world / (time.perf_counter() - t0):.1f} images/s"
-            )
+            rate = "warming up" if t0 is None else f"{images_per_s():.1f} images/s"
             print(f"\rstep {step}/{args.steps}  loss {loss.item():.4f}  {rate}", end="", flush=True)
         if args.ckpt_dir and (step % args.ckpt_every == 0 or step == args.steps):
             save(model, opt, step, args, rank)
     if t0 is not None:
         sync(device)
         if rank == 0:  # images of all processes per second, over the steps after the warm-up
-            print(f"\nthroughput {timed * args.batch * world / (time.perf_counter() - t0):.1f} images/s")
+            print(f"\nthroughput {images_per_s():.1f} images/s")
     if loss is not None:
         if dist.is_initialized():  # the global batch's loss: the mean of the processes' equal shares
             dist.all_reduce(loss := loss.detach().clone())
