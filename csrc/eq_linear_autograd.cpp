@@ -48,6 +48,11 @@ struct Ops {
   c10::TypedOperatorHandle<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                    const at::Tensor&, bool, bool, bool, bool)>
       bwd_split3;
+  c10::TypedOperatorHandle<std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&, const OptTensor&,
+                                                   const at::Tensor&, std::optional<at::ScalarType>,
+                                                   std::optional<int64_t>, bool)>
+      group;
+  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, std::optional<at::ScalarType>)> planes;
 };
 
 const Ops& ops() {
@@ -73,7 +78,13 @@ const Ops& ops() {
                                                                                      const OptTensor&)>(),
                op("flash_eqlinear::eq_linear_bwd_split3")
                    .typed<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                  const at::Tensor&, bool, bool, bool, bool)>()};
+                                  const at::Tensor&, bool, bool, bool, bool)>(),
+               op("flash_eqlinear::eq_linear_group")
+                   .typed<std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&, const OptTensor&,
+                                                  const at::Tensor&, std::optional<at::ScalarType>,
+                                                  std::optional<int64_t>, bool)>(),
+               op("flash_eqlinear::group_planes")
+                   .typed<at::Tensor(const at::Tensor&, const at::Tensor&, std::optional<at::ScalarType>)>()};
   }();
   return o;
 }
@@ -376,6 +387,31 @@ std::vector<at::Tensor> eq_linear_chunks_autocast(const at::Tensor& x, const at:
   const at::ScalarType cast = at::autocast::get_autocast_dtype(at::kCUDA);
   return ops().chunks.call(xc, at::autocast::cached_cast(cast, planes, c10::DeviceType::CUDA),
                            at::autocast::cached_cast(cast, bias, c10::DeviceType::CUDA), chunks, x_rounded || keep32);
+}
+
+// The layer on a group-domain weight, composite: every step an op of its own (group_planes' node and the
+// layer's, or their kernels below autograd; under tracing, their fakes). A naive bias of d elements in another
+// shape ((d, 1)) is reshaped to (d,).
+std::vector<at::Tensor> eq_linear_group(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
+                                        const at::Tensor& basis, std::optional<at::ScalarType> dtype,
+                                        std::optional<int64_t> chunks, bool x_rounded) {
+  const at::Tensor planes = ops().planes.call(weight, basis, dtype);
+  const OptTensor b = bias.has_value() && bias->dim() != 1 ? OptTensor(bias->reshape({-1})) : bias;
+  if (!chunks.has_value()) return {ops().layer.call(x, planes, b, x_rounded)};
+  return ops().chunks.call(x, planes, b, *chunks, x_rounded);
+}
+
+// Its autocast kernel: eq_linear's casts, with the planes made in autocast's dtype from the FP32 weight (one
+// rounding, no cast of its own).
+std::vector<at::Tensor> eq_linear_group_autocast(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
+                                                 const at::Tensor& basis, std::optional<at::ScalarType> dtype,
+                                                 std::optional<int64_t> chunks, bool x_rounded) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  const auto [xc, keep32] = autocast_input(x, weight);
+  const at::ScalarType cast = at::autocast::get_autocast_dtype(at::kCUDA);
+  const bool eligible = weight.is_floating_point() && weight.scalar_type() != at::kDouble;  // (autocast's rule)
+  return ops().group.call(xc, weight, at::autocast::cached_cast(cast, bias, c10::DeviceType::CUDA), basis,
+                          eligible ? std::optional<at::ScalarType>(cast) : dtype, chunks, x_rounded || keep32);
 }
 
 std::string eq_linear_plan_op(int64_t M, int64_t c, int64_t d, at::ScalarType dtype, bool x_fp32, at::Device device,

@@ -26,9 +26,15 @@ TORCH_LIBRARY(flash_eqlinear, m) {
   // Its differentiable gradients (create_graph=True): implemented in Python (flash_eqlinear/_registry.py).
   m.def("eq_linear_grads_differentiable(Tensor grad_y, Tensor saved, Tensor planes, int form, bool needs_x, "
         "bool needs_p, bool needs_b) -> (Tensor, Tensor, Tensor)");
-  // The planes (T, d, c) of a group-domain weight (d, c, T) by a (T, T) basis, outside autocast, with its
-  // autograd (eq_group_planes.cpp): SwappedEQLinear's eager transform, on any device.
-  m.def("group_planes(Tensor weight, Tensor basis) -> Tensor");
+  // The layer on a group-domain weight (SwappedEQLinear's eager call, eq_linear_autograd.cpp): its planes by
+  // group_planes, then eq_linear ([y]) or, with chunks, eq_linear_chunks. Composite, with an autocast kernel.
+  m.def("eq_linear_group(Tensor x, Tensor weight, Tensor? bias, Tensor basis, ScalarType? dtype=None, "
+        "int? chunks=None, bool x_rounded=False) -> Tensor[]");
+  // The planes (T, d, c) of a group-domain weight (d, c, T) or (d, 1, c, T) by a (T, T) basis, in `dtype`,
+  // outside autocast, and the adjoint (planes' gradient -> (d, c, T)), with the autograd of the first
+  // (eq_group_planes.cpp): SwappedEQLinear's eager transform, on any device.
+  m.def("group_planes(Tensor weight, Tensor basis, ScalarType? dtype=None) -> Tensor");
+  m.def("group_planes_adjoint(Tensor grad_planes, Tensor basis, ScalarType dtype) -> Tensor");
   // The plan of a call (eq_linear_plan.h), as text (flash_eqlinear.explain).
   m.def("eq_linear_plan(int M, int c, int d, ScalarType dtype, bool x_fp32, Device device, bool needs_x, "
         "bool needs_p, bool needs_b, int chunks) -> str",
@@ -76,6 +82,8 @@ TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
   m.impl("eq_linear_bwd_split3", &eq_linear_bwd_split3);
   m.impl("group_layer_norm_fwd", &group_layer_norm_fwd);
   m.impl("group_layer_norm_bwd", &group_layer_norm_bwd);
+  m.impl("group_planes", &group_planes_cuda);
+  m.impl("group_planes_adjoint", &group_planes_adjoint_cuda);
 }
 
 TORCH_LIBRARY_IMPL(flash_eqlinear, Autograd, m) {
@@ -85,11 +93,17 @@ TORCH_LIBRARY_IMPL(flash_eqlinear, Autograd, m) {
   m.impl("group_planes", &group_planes_autograd);
 }
 
-TORCH_LIBRARY_IMPL(flash_eqlinear, CompositeExplicitAutograd, m) { m.impl("group_planes", &group_planes); }
+TORCH_LIBRARY_IMPL(flash_eqlinear, CompositeExplicitAutograd, m) {
+  m.impl("group_planes", &group_planes);
+  m.impl("group_planes_adjoint", &group_planes_adjoint);
+}
+
+TORCH_LIBRARY_IMPL(flash_eqlinear, CompositeImplicitAutograd, m) { m.impl("eq_linear_group", &eq_linear_group); }
 
 TORCH_LIBRARY_IMPL(flash_eqlinear, AutocastCUDA, m) {
   m.impl("eq_linear", &eq_linear_autocast);
   m.impl("eq_linear_chunks", &eq_linear_chunks_autocast);
+  m.impl("eq_linear_group", &eq_linear_group_autocast);
 }
 
 }  // namespace flash_eqlinear

@@ -32,9 +32,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> eq_linear_fwd_split3(
                                                                               const at::Tensor& planes,
                                                                               const std::optional<at::Tensor>& bias);
 
-// ---- eq_group_planes.cpp: a group-domain weight's planes (SwappedEQLinear), with its autograd ----
-at::Tensor group_planes(const at::Tensor& w, const at::Tensor& basis);
-at::Tensor group_planes_autograd(const at::Tensor& w, const at::Tensor& basis);
+// ---- eq_group_planes.cpp: a group-domain weight's planes and the adjoint (SwappedEQLinear), with autograd ----
+at::Tensor group_planes(const at::Tensor& w, const at::Tensor& basis, std::optional<at::ScalarType> dtype);
+at::Tensor group_planes_cuda(const at::Tensor& w, const at::Tensor& basis, std::optional<at::ScalarType> dtype);
+at::Tensor group_planes_autograd(const at::Tensor& w, const at::Tensor& basis, std::optional<at::ScalarType> dtype);
+at::Tensor group_planes_adjoint(const at::Tensor& g, const at::Tensor& basis, at::ScalarType dtype);
+at::Tensor group_planes_adjoint_cuda(const at::Tensor& g, const at::Tensor& basis, at::ScalarType dtype);
 
 // ---- eq_linear_bwd_api.cpp: the backward ops ----
 std::tuple<at::Tensor, at::Tensor> eq_linear_bwd_weight(const at::Tensor& x, const at::Tensor& grad_y);
@@ -72,6 +75,16 @@ std::vector<at::Tensor> eq_linear_chunks_autograd(const at::Tensor& x, const at:
 std::vector<at::Tensor> eq_linear_chunks_autocast(const at::Tensor& x, const at::Tensor& planes,
                                                   const std::optional<at::Tensor>& bias, int64_t chunks,
                                                   bool x_rounded);
+// The layer on a group-domain weight (d, c, T) or (d, 1, c, T) and bias (d,) or (d, 1): its planes made by
+// group_planes (in `dtype`, autocast's where it runs), then eq_linear or, with chunks, eq_linear_chunks.
+std::vector<at::Tensor> eq_linear_group(const at::Tensor& x, const at::Tensor& weight,
+                                        const std::optional<at::Tensor>& bias, const at::Tensor& basis,
+                                        std::optional<at::ScalarType> dtype, std::optional<int64_t> chunks,
+                                        bool x_rounded);
+std::vector<at::Tensor> eq_linear_group_autocast(const at::Tensor& x, const at::Tensor& weight,
+                                                 const std::optional<at::Tensor>& bias, const at::Tensor& basis,
+                                                 std::optional<at::ScalarType> dtype, std::optional<int64_t> chunks,
+                                                 bool x_rounded);
 // The plan of a call, as explain_layer writes it (flash_eqlinear.explain).
 std::string eq_linear_plan_op(int64_t M, int64_t c, int64_t d, at::ScalarType dtype, bool x_fp32, at::Device device,
                               bool needs_x, bool needs_p, bool needs_b, int64_t chunks);

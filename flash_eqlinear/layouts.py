@@ -33,6 +33,7 @@ from .modules import (
     planes_to_naive_entries,
 )
 from .ops import (
+    _GROUP_OP,
     _LAYER_OP,
     _PLANES_OP,
     _autocast_dtype,
@@ -40,6 +41,7 @@ from .ops import (
     _fused_eager,
     backend_for,
     check_chunks,
+    chunks_of,
     flash_eq_linear,
     flash_eq_linear_chunks,
     reference_form,
@@ -202,20 +204,30 @@ class SwappedEQLinear(ParamCache, nn.Module):
         c, d = self._fields
         return self._cache_params()[0].reshape(d, c, self.group_size)
 
+    def _basis(self, w: torch.Tensor) -> torch.Tensor:
+        """The (T, T) DFT basis in the transform's work dtype (FP32 for 16-bit weights) on w's device; kept
+        (made per call it costs a dozen small launches)."""
+        work = torch.float32 if w.dtype in (torch.float16, torch.bfloat16) else w.dtype
+        T = self.group_size
+        return _kept_constant(_BASIS, (T, work, w.device), lambda: dft_basis(T, work, w.device))
+
     def planes(self) -> torch.Tensor:
         """The frequency planes (T, d, c) of the weight (:func:`~flash_eqlinear.naive_to_planes`), in its
         dtype (16-bit: made in FP32, rounded once); differentiable."""
         g = self.group_weight()
-        work = torch.float32 if g.dtype in (torch.float16, torch.bfloat16) else g.dtype
-        T = self.group_size
-        # (kept: made per call it costs a dozen small launches)
-        Q = _kept_constant(_BASIS, (T, work, g.device), lambda: dft_basis(T, work, g.device))
+        Q = self._basis(g)
         if _PLANES_OP is not None and _eager():  # one dispatcher call and one node, below Python
             return _PLANES_OP(g, Q)
         # (T, T) @ (T, d*c): the planes contiguous, (T, d, c), in one product (its backward: one more), in the
         # work dtype: not autocast's 16-bit product
+        T = self.group_size
         with torch.autocast(g.device.type, enabled=False):
-            return (Q @ g.to(work).reshape(-1, T).t()).view(T, *g.shape[:2]).to(g.dtype)
+            return (Q @ g.to(Q.dtype).reshape(-1, T).t()).view(T, *g.shape[:2]).to(g.dtype)
+
+    def _group_op_call(self, x) -> bool:
+        """Whether a call on ``x`` is one ``eq_linear_group`` op: eager on the fused kernels, planes not kept
+        (training, or gradients recorded), the planes made inside the op in the dtype the layer runs in."""
+        return _GROUP_OP is not None and self.group_size == 4 and _fused_eager(x) and not self._caches()
 
     def _params_for(self, x) -> tuple:
         """(planes (T, d, c), bias (d,) or None) for a call on ``x``: made per call (differentiable), or in
@@ -233,6 +245,9 @@ class SwappedEQLinear(ParamCache, nn.Module):
         return self._cached(cast, kept)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._group_op_call(x):  # (first: the training step's path, the least host work)
+            w, b = self._cache_params()
+            return _GROUP_OP(x, w, b, self._basis(w))[0]
         T = self.group_size
         if not (isinstance(x, torch.Tensor) and backend_for(x, T) == "cuda"):
             if reference_form(x, T, *self._fields, dense_kept=self._caches()) == "dense":
@@ -250,6 +265,10 @@ class SwappedEQLinear(ParamCache, nn.Module):
         if isinstance(x, torch.Tensor) and backend_for(x, self.group_size) == "reference":
             check_chunks(chunks, self._fields[1])
             return self(x).chunk(chunks, -1)
+        if self._group_op_call(x):
+            check_chunks(chunks, self._fields[1])
+            w, b = self._cache_params()
+            return chunks_of(_GROUP_OP(x, w, b, self._basis(w), None, chunks), chunks)
         return flash_eq_linear_chunks(x, *self._params_for(x), chunks, self.group_size)
 
     def extra_repr(self) -> str:

@@ -37,8 +37,9 @@ if kernels_available():
     _LAYER_OP = torch.ops.flash_eqlinear.eq_linear.default
     _CHUNKS_OP = torch.ops.flash_eqlinear.eq_linear_chunks.default
     _PLANES_OP = torch.ops.flash_eqlinear.group_planes.default
+    _GROUP_OP = torch.ops.flash_eqlinear.eq_linear_group.default
 else:
-    _LAYER_OP = _CHUNKS_OP = _PLANES_OP = None
+    _LAYER_OP = _CHUNKS_OP = _PLANES_OP = _GROUP_OP = None
 
 
 def backend_for(x: torch.Tensor, group_size: int) -> str:

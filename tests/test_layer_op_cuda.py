@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import debug_env, rel_l2, require_cuda_kernels
+from conftest import RefEQLinear, debug_env, rel_l2, require_cuda_kernels
 
 import flash_eqlinear as fe
 from flash_eqlinear import ops, reference
@@ -262,28 +262,34 @@ def test_chunks_op_equals_traced_ops(d, x_dtype):
 
 
 @pytest.mark.parametrize("autocast", [False, True])
-@pytest.mark.parametrize("c, d", [(48, 40), (192, 576)])
-def test_swapped_layer_trains_as_the_naive_one(c, d, autocast):
+@pytest.mark.parametrize("layout", ["naive", "reference"])
+@pytest.mark.parametrize("c, d", [(48, 39), (192, 576)])
+def test_swapped_layer_trains_as_the_naive_one(c, d, layout, autocast):
     torch.manual_seed(0)
-    naive = fe.NaiveEQLinear(4 * c, 4 * d, device=DEV)
+    naive = (fe.NaiveEQLinear(4 * c, 4 * d) if layout == "naive" else RefEQLinear(4 * c, 4 * d)).to(DEV)
     swapped = fe.SwappedEQLinear(naive)
-    assert swapped.weight is naive.weight
-    x = torch.randn(3, 37, 4 * c, device=DEV)
+    params = list(naive.parameters())
+    assert len(list(swapped.parameters())) == len(params)
+    assert all(a is b for a, b in zip(swapped.parameters(), params, strict=True))
+    x = torch.randn(3, 37, 4 * c, device=DEV, requires_grad=True)
     g = torch.randn(3, 37, 4 * d, device=DEV)
     grads = []
-    for layer in (naive, swapped):
+    for call in (naive, swapped, lambda x: torch.cat(swapped.forward_chunks(x, 3), -1)):
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-            y = layer(x)
-        grads.append((y.float(), *torch.autograd.grad(y, (naive.weight, naive.bias), g.to(y.dtype))))
+            y = call(x)
+        grads.append((y.float(), *torch.autograd.grad(y, (x, *params), g.to(y.dtype))))
     tol = 2e-2 if autocast else 1e-5
-    for a, b in zip(*grads, strict=True):
-        assert rel_l2(b, a) < tol, rel_l2(b, a)
+    for got in grads[1:]:
+        for a, b in zip(grads[0], got, strict=True):
+            assert a.shape == b.shape and b.dtype == a.dtype and rel_l2(b, a) < tol, rel_l2(b, a)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-        names = top_level_ops(lambda: swapped(x))
-    # the planes' transform and the layer op, beside reshapes of the parameters: no casts or stock products
-    ours = [n for n in names if n.startswith("flash_eqlinear::")]
-    assert ours == ["flash_eqlinear::group_planes", "flash_eqlinear::eq_linear"], names
-    assert set(names) - set(ours) <= {"aten::reshape", "aten::view"}, names
+        # the planes made inside the layer's one op (no casts or stock products from Python); q, k, v too
+        assert top_level_ops(lambda: swapped(x)) == ["flash_eqlinear::eq_linear_group"]
+        names = top_level_ops(lambda: swapped.forward_chunks(x, 3))
+        assert names[0] == "flash_eqlinear::eq_linear_group" and set(names[1:]) <= {
+            "aten::chunk",
+            "aten::split",
+        }
     swapped.eval()
     with torch.no_grad():
         y0 = swapped(x)
@@ -291,25 +297,66 @@ def test_swapped_layer_trains_as_the_naive_one(c, d, autocast):
         assert torch.equal(swapped(x), y0)
 
 
-@pytest.mark.parametrize("T", [2, 4, 8, 5])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_eq_linear_group_op(dtype):
+    """The layer on a group-domain weight: against float64 (the planes made in FP32 and rounded once to
+    the dtype the layer runs in, autocast's included), chunks, opcheck, errors."""
+    torch.manual_seed(0)
+    c, d, T = 24, 42, 4
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    Q = dft_basis(T, work, torch.device(DEV))
+    w = torch.randn(d, 1, c, T, device=DEV, dtype=dtype, requires_grad=True)
+    b = torch.randn(d, 1, device=DEV, dtype=dtype, requires_grad=True)
+    x = torch.randn(5, 7, T * c, device=DEV, dtype=dtype, requires_grad=True)
+    gy = torch.randn(5, 7, T * d, device=DEV, dtype=dtype)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    y64 = reference.naive_eq_linear(x64, w64.view(d, c, T), b64.view(d), T)
+    want = (y64, *torch.autograd.grad(y64, (x64, w64, b64), gy.double()))
+    tol = {torch.float32: 1e-5}.get(dtype, 1e-2)
+    for chunks in (None, 3):
+        y = torch.cat(ops._GROUP_OP(x, w, b, Q, None, chunks), -1)
+        got = (y, *torch.autograd.grad(y, (x, w, b), gy))
+        for a, e in zip(got, want, strict=True):
+            assert a.dtype == dtype and a.shape == e.shape and rel_l2(a, e) < tol, (chunks, rel_l2(a, e))
+    if dtype == torch.float32:  # under autocast: bf16 out, FP32 gradients of the FP32 parameters and x
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            ya = ops._GROUP_OP(x, w, b, Q)[0]
+        ga = torch.autograd.grad(ya, (x, w, b), gy.bfloat16())
+        assert ya.dtype == torch.bfloat16 and all(t.dtype == torch.float32 for t in ga)
+        assert rel_l2(ya, y64) < 1e-2 and all(rel_l2(a, e) < 2e-2 for a, e in zip(ga, want[1:], strict=True))
+    args = (x.detach().requires_grad_(), w.detach().requires_grad_(), b.detach().requires_grad_(), Q)
+    torch.library.opcheck(ops._GROUP_OP, args)
+    torch.library.opcheck(ops._GROUP_OP, (*args, None, 3))
+    with pytest.raises(ValueError, match=r"weight must have shape \(d, c, T\) or \(d, 1, c, T\)"):
+        ops._GROUP_OP(x, w.detach()[..., :3], b, Q)
+    with pytest.raises(ValueError, match=r"input's last dimension must be in_features"):
+        ops._GROUP_OP(x[..., 1:], w, b, Q)
+    with pytest.raises(ValueError, match=r"chunks must be a positive divisor of d"):
+        ops._GROUP_OP(x, w, b, Q, None, 4)
+
+
+@pytest.mark.parametrize("T", [2, 4, 8, 5, 17])
 @pytest.mark.parametrize("dtype", [torch.float64, *DTYPES], ids=str)
-def test_group_planes_op(T, dtype):
-    """The eager transform of SwappedEQLinear: the planes and the weight's gradient against float64, the
-    product outside autocast (one rounding of 16-bit outputs), opcheck, a clear error."""
+@pytest.mark.parametrize("out", [None, torch.bfloat16], ids=["own dtype", "to bf16"])
+def test_group_planes_op(T, dtype, out):
+    """The eager transform of SwappedEQLinear (the kernel for T <= 16, stock ops beyond and for float64):
+    the planes, in the weight's dtype or another, and the weight's gradient against float64, the product
+    outside autocast (one rounding of 16-bit outputs), opcheck, a clear error."""
     torch.manual_seed(0)
     work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     Q = dft_basis(T, work, torch.device(DEV))
     w = torch.randn(40, 1, 24, T, device=DEV, dtype=dtype, requires_grad=True)
-    gp = torch.randn(T, 40, 24, device=DEV, dtype=dtype)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        p = ops._PLANES_OP(w.view(40, 24, T), Q)
+    with torch.autocast("cuda", dtype=torch.float16):
+        p = ops._PLANES_OP(w, Q, out)
+    gp = torch.randn(T, 40, 24, device=DEV, dtype=p.dtype)
     (gw,) = torch.autograd.grad(p, w, gp)
     Q64 = Q.double()
     want = (Q64 @ w.detach().double().reshape(-1, T).t()).view(T, 40, 24)
     want_gw = (gp.double().reshape(T, -1).t() @ Q64).view(w.shape)
-    eps = {torch.float64: 1e-15, torch.float32: 1e-6}.get(dtype, torch.finfo(dtype).eps)
-    assert p.dtype == dtype and gw.dtype == dtype and p.is_contiguous() and gw.shape == w.shape
-    assert rel_l2(p, want) < eps and rel_l2(gw, want_gw) < eps, (rel_l2(p, want), rel_l2(gw, want_gw))
-    torch.library.opcheck(ops._PLANES_OP, (w.detach().view(40, 24, T).requires_grad_(), Q))
-    with pytest.raises(ValueError, match=r"weight must have shape \(d, c, T\)"):
+    eps = {torch.float64: 1e-15, torch.float32: 1e-6}
+    assert p.dtype == (out or dtype) and gw.dtype == dtype and p.is_contiguous() and gw.shape == w.shape
+    assert rel_l2(p, want) < eps.get(p.dtype, torch.finfo(p.dtype).eps), rel_l2(p, want)
+    assert rel_l2(gw, want_gw) < eps.get(dtype, torch.finfo(dtype).eps), rel_l2(gw, want_gw)
+    torch.library.opcheck(ops._PLANES_OP, (w.detach().view(40, 24, T).requires_grad_(), Q, out))
+    with pytest.raises(ValueError, match=r"weight must have shape \(d, c, T\) or \(d, 1, c, T\)"):
         ops._PLANES_OP(w.detach().view(40, 24, T)[..., :1], Q)
