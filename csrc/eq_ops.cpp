@@ -32,7 +32,7 @@ TORCH_LIBRARY(flash_eqlinear, m) {
         "int? chunks=None, bool x_rounded=False) -> Tensor[]");
   // The planes (T, d, c) of a group-domain weight (d, c, T) or (d, 1, c, T) by a (T, T) basis, in `dtype`,
   // outside autocast, and the adjoint (planes' gradient -> (d, c, T)), with the autograd of the first
-  // (eq_group_planes.cpp): SwappedEQLinear's eager transform, on any device.
+  // (eq_group_planes_api.cpp): SwappedEQLinear's eager transform, on any device.
   m.def("group_planes(Tensor weight, Tensor basis, ScalarType? dtype=None) -> Tensor");
   m.def("group_planes_adjoint(Tensor grad_planes, Tensor basis, ScalarType dtype) -> Tensor");
   // The plan of a call (eq_linear_plan.h), as text (flash_eqlinear.explain).

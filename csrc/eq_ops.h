@@ -32,7 +32,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> eq_linear_fwd_split3(
                                                                               const at::Tensor& planes,
                                                                               const std::optional<at::Tensor>& bias);
 
-// ---- eq_group_planes.cpp: a group-domain weight's planes and the adjoint (SwappedEQLinear), with autograd ----
+// ---- eq_group_planes_api.cpp: a group-domain weight's planes and the adjoint (SwappedEQLinear), with autograd ----
 at::Tensor group_planes(const at::Tensor& w, const at::Tensor& basis, std::optional<at::ScalarType> dtype);
 at::Tensor group_planes_cuda(const at::Tensor& w, const at::Tensor& basis, std::optional<at::ScalarType> dtype);
 at::Tensor group_planes_autograd(const at::Tensor& w, const at::Tensor& basis, std::optional<at::ScalarType> dtype);
