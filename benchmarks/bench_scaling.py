@@ -8,7 +8,7 @@ in processes of its own. Prints a table (images/s; scaling = N-GPU / one-GPU thr
 model; flash / plain at the same N) and writes ``benchmarks/results/scaling.json``.
 
 Usage:
-  python benchmarks/bench_scaling.py [--scales B,L] [--gpus 1,2] [--batch 64] [--steps 100] [--warmup 30]
+  python benchmarks/bench_scaling.py [--scales B,L] [--gpus 1,2] [--batch 128] [--steps 100] [--warmup 30]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def main() -> int:
     ap.add_argument("--scales", default="B,L")
     ap.add_argument("--gpus", default="1,2")
     ap.add_argument("--variants", default="flash,plain")
-    ap.add_argument("--batch", type=int, default=64, help="images per GPU and step")
+    ap.add_argument("--batch", type=int, default=128, help="images per GPU and step")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--out", default="scaling.json")
