@@ -262,10 +262,15 @@ BENCH_VARIANTS = (*VARIANTS, "swapped")
 def build(kind: str, scale: str, variant: str, args, device) -> nn.Module:
     factory = MODELS[kind]
     base = "naive" if variant == "swapped" else variant
+    G = args.group_size
     if args.dry_run:  # tiny config, whatever the scale label
-        model = factory(None, base, num_classes=args.num_classes, device=device, **DRY_CONFIGS[kind])
+        model = factory(
+            None, base, num_classes=args.num_classes, device=device, group_size=G, **DRY_CONFIGS[kind]
+        )
     else:
-        model = factory(scale, base, num_classes=args.num_classes, img_size=args.img, device=device)
+        model = factory(
+            scale, base, num_classes=args.num_classes, img_size=args.img, device=device, group_size=G
+        )
     if variant == "swapped":
         fe.swap_eq_linear(model)
     return model
@@ -283,6 +288,7 @@ def free(device) -> None:
 
 def bench_inference(kind, scale, variant, args, device) -> dict:
     rec = {"model": kind, "scale": scale, "variant": variant, "batch": args.batch, "dry_run": args.dry_run}
+    rec["group_size"] = 1 if variant == "plain" else args.group_size
     rec["img"] = img_size(kind, args)
     torch.manual_seed(0)
     model = build(kind, scale, variant, args, device).eval()
@@ -324,6 +330,7 @@ def bench_training(kind, scale, variant, mode, args, device) -> dict:
         "model": kind,
         "scale": scale,
         "variant": variant,
+        "group_size": 1 if variant == "plain" else args.group_size,
         "mode": mode,
         "batch": args.train_batch,
         "img": S,
@@ -514,6 +521,12 @@ def parse_args(argv=None):
     ap.add_argument(
         "--dtypes", default="fp32,fp16", help="inference dtypes: fp32, tf32, fp16, amp (FP32, bf16 autocast)"
     )
+    ap.add_argument(
+        "--group-size",
+        type=int,
+        default=4,
+        help="group size of the equivariant models: 4 (p4) or 8 (C8; off the fused kernels, which are p4's)",
+    )
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--img", type=int, default=224)
     ap.add_argument("--num-classes", type=int, default=1000)
@@ -570,8 +583,9 @@ def parse_args(argv=None):
 def default_name(args) -> str:
     """The result file's name without --out: net, _infer_<dtypes joined by '-'> where inference ran,
     _<models of --train>_train where training ran (_eager / _compiled added where only that mode ran),
-    _<tag> where --tag is set: net_infer_fp32.json, net_infer_fp16.json, net_vit_train.json (eager and
-    compiled), net_vit_train_eager.json, net_swin_train_eager.json, ..."""
+    _c<G> for a group size other than 4, _<tag> where --tag is set: net_infer_fp32.json,
+    net_infer_fp16.json, net_vit_train.json (eager and compiled), net_vit_train_eager.json,
+    net_swin_train_eager.json, net_vit_train_eager_c8.json, ..."""
     parts = ["net"]
     if not args.no_inference and args.models and args.scales and args.variants:
         parts += ["infer", "-".join(args.dtypes)]
@@ -580,6 +594,8 @@ def default_name(args) -> str:
         modes = list(dict.fromkeys(args.train_modes))
         if len(modes) == 1:
             parts.append(modes[0])
+    if args.group_size != 4:
+        parts.append(f"c{args.group_size}")
     if args.tag:
         parts.append(args.tag)
     return "_".join(parts) + ".json"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from conftest import RefEQLinear, rel_l2
 
 from flash_eqlinear import FlashEQLinear, NaiveEQLinear, swap_eq_linear
@@ -30,6 +32,7 @@ from flash_eqlinear.models import (
     roll_group,
     rotate_feature_map,
 )
+from flash_eqlinear.models.layers import LiftingPatchEmbed, _rotation_grid
 from flash_eqlinear.models.swin import MERGE_ORDER
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,10 +74,12 @@ def assert_invariant(model: nn.Module, img: torch.Tensor) -> None:
 # ------------------------------------------------------------------------------------- invariance
 
 
+@pytest.mark.parametrize("group_size", [4, 8])
 @pytest.mark.parametrize("kind", ["vit", "swin"])
 @pytest.mark.parametrize("variant", ["naive", "flash"])
-def test_invariant_logits(kind, variant):
-    model = tiny(kind, variant)
+def test_invariant_logits(kind, variant, group_size):
+    model = tiny(kind, variant, group_size=group_size)
+    assert model.group_size == group_size
     assert_invariant(model, image(32))
 
 
@@ -87,27 +92,33 @@ def test_plain_baseline_is_not_invariant(kind):
     assert min(invariance_errors(model, image(32))) > 1e-2
 
 
+@pytest.mark.parametrize("group_size", [4, 8])
 @pytest.mark.parametrize("variant", ["naive", "flash"])
-def test_vit_token_equivariance(variant):
-    """Patch tokens rotate and roll; the class token rolls (its pooled value is invariant)."""
-    model, img = tiny("vit", variant), image(32)
+def test_vit_token_equivariance(variant, group_size):
+    """Patch tokens rotate and roll (by G / 4: a quarter turn); the class token rolls (its pooled value is
+    invariant)."""
+    G = group_size
+    model, img = tiny("vit", variant, group_size=G), image(32)
     n = model.grid_size
     with torch.no_grad():
         a = model.forward_features(img)
         b = model.forward_features(torch.rot90(img, 1, (-2, -1)))
     grid = lambda t: t[:, 1:].unflatten(1, (n, n))  # noqa: E731
-    assert rel_l2(grid(b), rotate_feature_map(grid(a))) < TOL
-    assert rel_l2(b[:, 0], roll_group(a[:, 0])) < TOL
+    assert rel_l2(grid(b), rotate_feature_map(grid(a), 1, G)) < TOL
+    assert rel_l2(b[:, 0], roll_group(a[:, 0], G, G // 4)) < TOL
+    if G > 4:  # (a roll by one is 45 degrees for C8: not what a quarter turn does)
+        assert rel_l2(b[:, 0], roll_group(a[:, 0], G, 1)) > 1e-2
 
 
+@pytest.mark.parametrize("group_size", [4, 8])
 @pytest.mark.parametrize("variant", ["naive", "flash"])
-def test_swin_feature_equivariance(variant):
-    model, img = tiny("swin", variant), image(32)
+def test_swin_feature_equivariance(variant, group_size):
+    model, img = tiny("swin", variant, group_size=group_size), image(32)
     with torch.no_grad():
         a = model.forward_features(img)
         for k in (1, 2, 3):
             b = model.forward_features(torch.rot90(img, k, (-2, -1)))
-            assert rel_l2(b, rotate_feature_map(a, k)) < TOL
+            assert rel_l2(b, rotate_feature_map(a, k, group_size)) < TOL
 
 
 def test_swin_odd_window_shift_is_not_exact_as_documented():
@@ -137,18 +148,21 @@ def test_swin_padded_sizes_run():
 # ------------------------------------------------------------------------------- building blocks
 
 
-def test_patch_merging_equivariance():
+@pytest.mark.parametrize("G", [4, 8])
+def test_patch_merging_equivariance(G):
     torch.manual_seed(0)
-    merge = PatchMerging(Variant("naive"), 16, 1e-5)
+    merge = PatchMerging(Variant("naive", group_size=G), 16, 1e-5)
     x = torch.randn(2, 6, 6, 16)
     for k in (1, 2, 3):
-        assert torch.equal(merge.merge(rotate_feature_map(x, k)), rotate_feature_map(merge.merge(x), k))
-        assert rel_l2(merge(rotate_feature_map(x, k)), rotate_feature_map(merge(x), k)) < TOL
-    # The documented arrangement v[(j, ci), g] = u[(g + j) mod 4, ci, g] over the MERGE_ORDER cycle.
-    u = torch.stack([x[:, a::2, b::2] for a, b in MERGE_ORDER], dim=3).unflatten(-1, (4, 4))  # (.., k, ci, g)
-    v = merge.merge(x).unflatten(-1, (4, 4, 4))  # (.., j, ci, g)
-    for j, g in itertools.product(range(4), range(4)):
-        assert torch.equal(v[..., j, :, g], u[..., (g + j) % 4, :, g])
+        want = rotate_feature_map(merge.merge(x), k, G)
+        assert torch.equal(merge.merge(rotate_feature_map(x, k, G)), want)
+        assert rel_l2(merge(rotate_feature_map(x, k, G)), rotate_feature_map(merge(x), k, G)) < TOL
+    # The documented arrangement v[(j, ci), g] = u[(g // m + j) mod 4, ci, g] over the MERGE_ORDER cycle.
+    m, c = G // 4, 16 // G
+    u = torch.stack([x[:, a::2, b::2] for a, b in MERGE_ORDER], dim=3).unflatten(-1, (c, G))  # (.., k, ci, g)
+    v = merge.merge(x).unflatten(-1, (4, c, G))  # (.., j, ci, g)
+    for j, g in itertools.product(range(4), range(G)):
+        assert torch.equal(v[..., j, :, g], u[..., (g // m + j) % 4, :, g])
     plain = PatchMerging(Variant("plain"), 16, 1e-5)
     assert torch.equal(plain.merge(x), u.flatten(3))  # Swin's concatenation, in cycle order
 
@@ -164,15 +178,40 @@ def test_relative_position_bias_is_rotation_symmetric():
     assert rel_l2(plain[:, perm][:, :, perm], plain) > 1e-2
 
 
-def test_pos_embed_and_lifting_are_equivariant():
-    model = tiny("vit", "naive")
+@pytest.mark.parametrize("G", [4, 8])
+def test_pos_embed_and_lifting_are_equivariant(G):
+    model = tiny("vit", "naive", group_size=G)
     n = model.grid_size
     pos = model.pos_embed().view(1, n, n, -1)
-    assert torch.equal(rotate_feature_map(pos), pos)
+    assert torch.equal(rotate_feature_map(pos, 1, G), pos)
+    assert model.pos_embed.weight.numel() == n * n * model.embed_dim // 4  # every symmetric embedding
     img = image(32)
     with torch.no_grad():
         a, b = model.patch_embed(img), model.patch_embed(torch.rot90(img, 1, (-2, -1)))
-    assert rel_l2(b, rotate_feature_map(a)) < TOL
+    assert rel_l2(b, rotate_feature_map(a, 1, G)) < TOL
+
+
+def test_c8_lifting_filters_rotate_by_45_degrees():
+    """Copy g of a C8 filter is the filter rotated by 45 g degrees: the odd copies by interpolation (the
+    sampling grid of a quarter turn is exactly rot90, so it turns the same way), the rest by rot90."""
+    torch.manual_seed(0)
+    embed = LiftingPatchEmbed(3, 16, 5, group_size=8).double()
+    w = embed.filters()[0].unflatten(0, (2, 8))  # (c, g, in, p, p)
+    quarter = _rotation_grid(5, math.pi / 2).double().expand(2, 5, 5, 2)
+    assert torch.allclose(
+        F.grid_sample(embed.weight, quarter, align_corners=False), torch.rot90(embed.weight, 1, (-2, -1))
+    )
+    eighth = _rotation_grid(5, math.pi / 4).double().expand(2, 5, 5, 2)
+    assert torch.equal(w[:, 0], embed.weight)
+    assert torch.allclose(w[:, 1], F.grid_sample(embed.weight, eighth, align_corners=False))
+    for g in range(2, 8):
+        assert torch.equal(w[:, g], torch.rot90(w[:, g - 2], 1, (-2, -1)))
+    # A linear ramp turned by 45 degrees (bilinear interpolation is exact for it inside the grid): at the
+    # inner cells cos 45 ramp + sin 45 rot90(ramp), the rotation halfway to the quarter turn.
+    ramp = torch.arange(5.0, dtype=torch.float64).sub(2).expand(5, 5)[None, None]
+    turned = F.grid_sample(ramp, eighth[:1], align_corners=False)
+    half = math.sqrt(0.5) * (ramp + torch.rot90(ramp, 1, (-2, -1)))
+    assert torch.allclose(turned[..., 1:4, 1:4], half[..., 1:4, 1:4])
 
 
 # --------------------------------------------------------------------------------- naive == flash
@@ -299,6 +338,11 @@ def test_config_errors():
     with pytest.raises(ValueError, match="scale"):
         eq_swin("XL", "flash", device="meta")
     eq_vit(None, "plain", **{**TINY_VIT, "embed_dim": 24, "num_heads": 4})  # fine without groups
+    for bad in (2, 6, 0, True, 8.0):  # the token grid's quarter turns must be group elements
+        with pytest.raises(ValueError, match="group_size must be a multiple of 4"):
+            eq_swin(None, "flash", **TINY_SWIN, group_size=bad)
+    with pytest.raises(ValueError, match="head_dim"):
+        eq_vit(None, "flash", **{**TINY_VIT, "embed_dim": 48, "num_heads": 4}, group_size=8)  # head dim 12
 
 
 # ------------------------------------------------------------------------------- migration path

@@ -1,23 +1,28 @@
-"""Building blocks shared by EQ-ViT and EQ-Swin, for p4 (T = 4) and the plain baseline (T = 1).
+"""Building blocks shared by EQ-ViT and EQ-Swin, for the cyclic rotation groups C_G with G a multiple of 4
+(p4: G = 4, the default; C8: G = 8, rotations by 45 degrees) and the plain baseline (G = 1).
 
-Every block is written once for a *group size* ``G``: ``G = 4`` for the equivariant variants
+Every block is written once for a *group size* ``G``: ``G = 4`` (or 8, ...) for the equivariant variants
 (``naive``: :class:`~flash_eqlinear.NaiveEQLinear`, ``flash``: :class:`~flash_eqlinear.FlashEQLinear`)
 and ``G = 1`` for ``plain`` (``nn.Linear``, ``nn.LayerNorm``), where every group construction below
 collapses to the ordinary one (one filter orientation, no symmetrisation, a trivial group pool).
 
 Conventions (README, 'Layout convention'): a feature of ``C = c*G`` channels is
-``x.view(..., c, G)``, group index fastest. A spatial feature map ``F`` of shape ``(B, H, W, C)``
-transforms under the rotation of the input image by ``torch.rot90(img, 1, (-2, -1))`` as
+``x.view(..., c, G)``, group index fastest; copy ``g`` belongs to the rotation by ``g * 360 / G`` degrees. A
+spatial feature map ``F`` of shape ``(B, H, W, C)`` transforms under the rotation of the input image by
+``torch.rot90(img, 1, (-2, -1))`` as
 
-    F  ->  roll_group(rot90(F, 1, (1, 2)))          (tokens move, then the group axis rolls by one)
+    F  ->  roll_group(rot90(F, 1, (1, 2)), G, G / 4)   (tokens move, then the group axis rolls by a quarter)
 
 which is the action that every block below commutes with (``rot90`` of an ``(n, n)`` grid sends
-the position ``(a, b)`` to ``(n - 1 - b, a)``).
+the position ``(a, b)`` to ``(n - 1 - b, a)``). Only quarter turns act on a square grid of tokens, so for
+G = 8 the models are exactly invariant to 90-degree rotations (a roll by 2); the 45-degree copies come from
+the lifting embedding's filters rotated by interpolation.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable
 
@@ -43,10 +48,11 @@ __all__ = [
     "group_pool",
     "roll_group",
     "rotate_feature_map",
+    "quarter_turn",
     "is_linear_layer",
 ]
 
-GROUP_SIZE = 4  # p4: rotations by multiples of 90 degrees
+GROUP_SIZE = 4  # the default: p4, rotations by multiples of 90 degrees
 VARIANTS = ("plain", "naive", "flash")
 
 _LINEARS: dict[str, Callable[..., nn.Module]] = {
@@ -60,19 +66,38 @@ class Variant:
     """Which layers a model is built from.
 
     ``plain``: ``nn.Linear`` / ``nn.LayerNorm``, group size 1 (the non-equivariant baseline of the
-    same total width). ``naive`` / ``flash``: EQ-Linear layers with group size 4 and the p4 versions
-    of every other block. ``linear_layer`` overrides the linear class (any callable
-    ``(in_features, out_features, bias) -> module`` computing an EQ-Linear in the layout above),
-    e.g. reference-style modules of an existing code base; the rest follows ``name``.
+    same total width; ``group_size`` is ignored). ``naive`` / ``flash``: EQ-Linear layers with group size
+    ``group_size`` (a multiple of 4: 4 for p4, 8 for C8) and the C_G versions of every other block.
+    ``linear_layer`` overrides the linear class (any callable ``(in_features, out_features, bias) ->
+    module`` computing an EQ-Linear of that group size in the layout above), e.g. reference-style modules
+    of an existing code base; the rest follows ``name``.
     """
 
-    def __init__(self, name: str, linear_layer: Callable[..., nn.Module] | None = None):
+    def __init__(
+        self, name: str, linear_layer: Callable[..., nn.Module] | None = None, group_size: int = GROUP_SIZE
+    ):
         if name not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {name!r}")
+        if (
+            isinstance(group_size, bool)
+            or not isinstance(group_size, int)
+            or group_size < 4
+            or group_size % 4
+        ):
+            raise ValueError(
+                f"group_size must be a multiple of 4 (rotations by 360/G degrees that include the quarter "
+                f"turns of the token grid; 4: p4, 8: C8), got {group_size!r}"
+            )
         self.name = name
         self.equivariant = name != "plain"
-        self.group_size = GROUP_SIZE if self.equivariant else 1
-        self._linear = linear_layer if linear_layer is not None else _LINEARS[name]
+        self.group_size = group_size if self.equivariant else 1
+        if linear_layer is None:
+            linear_layer = (
+                _LINEARS[name]
+                if name == "plain"
+                else functools.partial(_LINEARS[name], group_size=group_size)
+            )
+        self._linear = linear_layer
 
     def linear(self, in_features: int, out_features: int, bias: bool = True) -> nn.Module:
         return self._linear(in_features, out_features, bias)
@@ -123,9 +148,24 @@ def roll_group(x: torch.Tensor, group_size: int = GROUP_SIZE, shifts: int = 1) -
     return torch.roll(x.reshape(*shape[:-1], shape[-1] // group_size, group_size), shifts, -1).reshape(shape)
 
 
+def quarter_turn(group_size: int) -> int:
+    """How far the group axis rolls when the image turns by 90 degrees: G / 4 (1 for p4, 2 for C8; for the
+    plain G = 1, where any roll is the identity, 1)."""
+    return max(group_size // 4, 1)
+
+
 def rotate_feature_map(x: torch.Tensor, k: int = 1, group_size: int = GROUP_SIZE) -> torch.Tensor:
     """How a ``(B, H, W, C)`` feature map transforms when the image is ``rot90``-ed ``k`` times."""
-    return roll_group(torch.rot90(x, k, (1, 2)), group_size, k)
+    return roll_group(torch.rot90(x, k, (1, 2)), group_size, k * quarter_turn(group_size))
+
+
+def _rotation_grid(p: int, angle: float) -> torch.Tensor:
+    """``(p, p, 2)`` sampling grid (``F.grid_sample``'s, ``align_corners=False``) that rotates a p x p filter
+    by ``angle`` radians about its centre, in the sense of ``torch.rot90(w, 1, (-2, -1))`` (a quarter turn
+    gives exactly that)."""
+    cos, sin = math.cos(angle), math.sin(angle)
+    theta = torch.tensor([[[cos, -sin, 0.0], [sin, cos, 0.0]]], dtype=torch.float64)
+    return F.affine_grid(theta, [1, 1, p, p], align_corners=False)[0].float()
 
 
 def group_pool(x: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -184,10 +224,14 @@ class LiftingPatchEmbed(nn.Module):
     """Rotation-lifting patch embedding: ``(B, in_chans, H, W) -> (B, H/p, W/p, C)``.
 
     One filter bank ``weight (c, in_chans, p, p)`` with bias ``(c,)``; group copy ``g`` of output
-    field ``o`` is the convolution (kernel = stride = p) with ``rot90(weight[o], g)``. Because
+    field ``o`` is the convolution (kernel = stride = p) with ``weight[o]`` rotated by ``g * 360 / G``
+    degrees. For p4 that is ``rot90(weight[o], g)``. Because
     ``conv(rot90(img), rot90(K)) = rot90(conv(img, K))`` for non-overlapping patches tiling a
     square image, rotating the image rotates the token grid and rolls the group axis by one
-    (exact). With G = 1 this is the usual ``Conv2d`` patch embedding.
+    (exact). For G = 4m (C8: m = 2) the filters at the m angles below a quarter turn are ``weight``
+    and its rotations by ``j * 90 / m`` degrees (bilinear interpolation on the p x p grid, zero outside),
+    and copy ``j + m r`` is ``rot90`` of the j-th of them r times: the 90-degree rotation of the image
+    still rolls the group axis exactly, by m. With G = 1 this is the usual ``Conv2d`` patch embedding.
     """
 
     def __init__(self, in_chans: int, embed_dim: int, patch_size: int, group_size: int = GROUP_SIZE):
@@ -198,6 +242,10 @@ class LiftingPatchEmbed(nn.Module):
         self.weight = nn.Parameter(torch.empty(c, in_chans, patch_size, patch_size))
         self.bias = nn.Parameter(torch.empty(c))
         self.reset_parameters()
+        m = quarter_turn(group_size)
+        if group_size > 1 and m > 1:  # sampling grids of the rotations by j * 90 / m degrees, j = 1 .. m-1
+            grids = [_rotation_grid(patch_size, j * math.pi / (2 * m)) for j in range(1, m)]
+            self.register_buffer("rotation_grids", torch.stack(grids), persistent=False)  # derived
 
     def reset_parameters(self) -> None:
         # As nn.Conv2d: kaiming_uniform(a=sqrt(5)) and bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
@@ -208,7 +256,13 @@ class LiftingPatchEmbed(nn.Module):
     def filters(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The expanded ``(C, in_chans, p, p)`` filter bank and ``(C,)`` bias, index ``o*G + g``."""
         G = self.group_size
-        w = torch.stack([torch.rot90(self.weight, g, (-2, -1)) for g in range(G)], dim=1)
+        m = quarter_turn(G)
+        base = [self.weight]  # the filters at the angles below a quarter turn
+        if G > 1 and m > 1:
+            c, p = self.weight.shape[0], self.patch_size
+            for grid in self.rotation_grids.to(self.weight.dtype):
+                base.append(F.grid_sample(self.weight, grid.expand(c, p, p, 2), align_corners=False))
+        w = torch.stack([torch.rot90(base[g % m], g // m, (-2, -1)) for g in range(G)], dim=1)
         return w.flatten(0, 1), self.bias.repeat_interleave(G)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -225,25 +279,33 @@ class LiftingPatchEmbed(nn.Module):
 
 
 class GroupPosEmbed(nn.Module):
-    """C4-symmetric absolute position embedding of an ``(n, n)`` token grid, shape ``(n, n, C)``.
+    """Rotation-symmetric absolute position embedding of an ``(n, n)`` token grid, shape ``(n, n, C)``.
 
-    Free parameter ``q (n, n, c)``; copy ``g`` of field ``o`` is ``rot90(q[..., o], g)``. Hence
+    p4: free parameter ``q (n, n, c)``; copy ``g`` of field ``o`` is ``rot90(q[..., o], g)``. Hence
     ``pos[..., g] = rot90(pos[..., g - 1])``: the embedding is invariant under the action
     ``roll_group o rot90`` of the feature map, i.e. ``pos[R p] = roll_group(pos[p])``. It has
     ``n*n*c`` free entries (the action is free on (position, group copy) pairs, so this is every
-    symmetric embedding). With G = 1 it is a free ``(n, n, C)`` parameter.
+    symmetric embedding). For G = 4m: ``q (n, n, c*m)`` viewed as ``(n, n, c, m)``, copy ``j + m r`` of field
+    ``o`` is ``rot90(q[..., o, j], r)``, invariant under rot90 with a roll by m; ``n*n*C/4`` free entries,
+    again every symmetric embedding. With G = 1 it is a free ``(n, n, C)`` parameter.
     """
 
     def __init__(self, grid_size: int, embed_dim: int, group_size: int = GROUP_SIZE, std: float = 0.02):
         super().__init__()
         self.grid_size, self.embed_dim, self.group_size = grid_size, embed_dim, group_size
         c = _check_fields("embed_dim", embed_dim, group_size)
-        self.weight = nn.Parameter(torch.empty(grid_size, grid_size, c))
+        self.weight = nn.Parameter(
+            torch.empty(grid_size, grid_size, c * (quarter_turn(group_size) if group_size > 1 else 1))
+        )
         nn.init.trunc_normal_(self.weight, std=std)
 
     def forward(self) -> torch.Tensor:
         G = self.group_size
-        return torch.stack([torch.rot90(self.weight, g, (0, 1)) for g in range(G)], dim=-1).flatten(-2)
+        if G == 1:
+            return self.weight
+        m = quarter_turn(G)
+        q = self.weight.unflatten(-1, (-1, m))  # (n, n, c, m)
+        return torch.stack([torch.rot90(q[..., g % m], g // m, (0, 1)) for g in range(G)], dim=-1).flatten(-2)
 
     def extra_repr(self) -> str:
         return f"grid_size={self.grid_size}, embed_dim={self.embed_dim}, group_size={self.group_size}"

@@ -47,7 +47,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .layers import Attention, LiftingPatchEmbed, Mlp, Variant, build_model, group_pool
+from .layers import (
+    GROUP_SIZE,
+    Attention,
+    LiftingPatchEmbed,
+    Mlp,
+    Variant,
+    build_model,
+    group_pool,
+    quarter_turn,
+)
 
 __all__ = ["EQSwin", "SWIN_CONFIGS", "eq_swin", "PatchMerging", "RelativePositionBias"]
 
@@ -177,9 +186,10 @@ class PatchMerging(nn.Module):
     """2x2 neighbourhood -> one token, ``(B, H, W, C) -> (B, H/2, W/2, 2C)``, rotation-equivariant.
 
     See the module docstring for the field arrangement ``v[(j, ci), g] = u[(g + j) mod 4, ci, g]``
-    over the neighbourhood cycle ``MERGE_ORDER``. With G = 1 it is Swin's concatenation (in the
-    cycle order) followed by LayerNorm and a bias-free Linear. Odd sizes are padded bottom/right
-    (not rotation-symmetric).
+    over the neighbourhood cycle ``MERGE_ORDER`` (for G = 4m, ``u[(g // m + j) mod 4, ci, g]``: a quarter
+    turn moves the neighbourhood by one and rolls the group axis by m). With G = 1 it is Swin's
+    concatenation (in the cycle order) followed by LayerNorm and a bias-free Linear. Odd sizes are padded
+    bottom/right (not rotation-symmetric).
     """
 
     def __init__(self, variant: Variant, dim: int, eps: float):
@@ -189,10 +199,10 @@ class PatchMerging(nn.Module):
         self.reduction = variant.linear(4 * dim, 2 * dim, False)
         G = self.group_size
         if G > 1:
-            # v[(j, ci), g] = u[(g + j) mod 4, ci, g] as one gather over the concatenated channels
+            # v[(j, ci), g] = u[(g // m + j) mod 4, ci, g] as one gather over the concatenated channels
             # (position k, field ci, copy g) -> k * dim + ci * G + g.
             j, ci, g = torch.meshgrid(torch.arange(4), torch.arange(dim // G), torch.arange(G), indexing="ij")
-            index = ((g + j) % 4 * dim + ci * G + g).flatten()
+            index = ((g // quarter_turn(G) + j) % 4 * dim + ci * G + g).flatten()
             self.register_buffer("merge_index", index, persistent=False)  # derived: not in the state_dict
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
@@ -252,9 +262,10 @@ class EQSwin(nn.Module):
         mlp_ratio: float = 4.0,
         norm_eps: float = 1e-5,
         linear_layer=None,
+        group_size: int = GROUP_SIZE,
     ):
         super().__init__()
-        v = Variant(variant, linear_layer)
+        v = Variant(variant, linear_layer, group_size)
         if len(depths) != len(num_heads):
             raise ValueError(f"depths {tuple(depths)} and num_heads {tuple(num_heads)} differ in length")
         self.variant, self.group_size = v.name, v.group_size

@@ -22,7 +22,16 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .layers import Attention, GroupPosEmbed, LiftingPatchEmbed, Mlp, Variant, build_model, group_pool
+from .layers import (
+    GROUP_SIZE,
+    Attention,
+    GroupPosEmbed,
+    LiftingPatchEmbed,
+    Mlp,
+    Variant,
+    build_model,
+    group_pool,
+)
 
 __all__ = ["EQViT", "VIT_CONFIGS", "eq_vit"]
 
@@ -76,9 +85,10 @@ class EQViT(nn.Module):
         mlp_ratio: float = 4.0,
         norm_eps: float = 1e-6,
         linear_layer=None,
+        group_size: int = GROUP_SIZE,
     ):
         super().__init__()
-        v = Variant(variant, linear_layer)
+        v = Variant(variant, linear_layer, group_size)
         if img_size % patch_size:
             raise ValueError(f"img_size={img_size} is not a multiple of patch_size={patch_size}")
         self.variant, self.group_size = v.name, v.group_size
