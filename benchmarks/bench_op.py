@@ -1,17 +1,20 @@
-"""Operator benchmark of the p4 EQ-Linear forward, backward or training step (forward + backward).
+"""Operator benchmark of the p4 EQ-Linear forward, backward or training step (forward + backward), and of
+the forward for group sizes 2 and 8 (``--group-size``).
 
-For M = B*N rows (default 32 x 1024), T = 4, C = D = 4c: forward latency of F.linear (cuBLAS, the
-dense block-circulant weight), NaiveEQLinear (expansion + F.linear), the reference Fourier path
+For M = B*N rows (default 32 x 1024), T = 4 (or --group-size), C = D = T c: forward latency of F.linear
+(cuBLAS, the dense block-circulant weight), NaiveEQLinear (expansion + F.linear), the reference Fourier path
 (stock torch ops) and the fused kernel; TFLOP/s, % of the measured peak, the floors, speedups
 over F.linear; and a precision table against float64. All timings in one run, CUDA graphs of
 rotated inputs (several times L2), medians of CUDA-event samples.
 
 Usage: python benchmarks/bench_op.py [--direction fwd|bwd|train] [--dtypes fp32,fp16,bf16] [--cs 16,...]
-                                    [--out NAME.json]
+                                    [--group-size 4|2|8] [--out NAME.json]
 (dtypes: fp32, tf32, 3xtf32, fp16, bf16; "tf32": float32 with torch.backends.cuda.matmul.allow_tf32 on, for
 F.linear and ours alike.) Writes benchmarks/results/NAME.json and NAME.md (the commit and GPU inside the
 JSON's "env"); NAME without --out: op_<direction>, plus the run's TF32 modes (_tf32, _3xtf32) where it has
-any, or _fp32 for a run of fp32 alone (default_name): op_fwd.json, op_fwd_tf32.json, op_bwd_fp32.json, ...
+any, or _fp32 for a run of fp32 alone, and _c<T> for group sizes 2 and 8 (default_name): op_fwd.json,
+op_fwd_tf32.json, op_bwd_fp32.json, op_fwd_c8.json, ... (T = 2, 8: the forward only, ours being
+``flash_eqlinear::eq_linear_fwd_t``; c defaults to C / T for C = 256 .. 8192.)
 The backward mode times all three gradients (autograd.grad over retained graphs, no CUDA graphs)
 and reports the worst gradient's relative error in its table (all three in the JSON); the train
 mode times the forward and that backward together (no CUDA graphs). Both time at least
@@ -108,16 +111,22 @@ def portable(op, *args, **kwargs):
         return op(*args, **kwargs)
 
 
-def run_case(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int) -> dict:
+def dense_fraction(T: int) -> float:
+    """Our multiply-adds over the dense layer's: one real product per real frequency, four per complex one."""
+    real = 2 if T % 2 == 0 else 1
+    return (real + 4 * (T - real) // 2) / T**2
+
+
+def run_case(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int, T: int = 4) -> dict:
     dt = DTYPES[dtype_name]
-    C = D = 4 * c
+    C = D = T * c
     g = torch.Generator(device="cuda").manual_seed(c)
-    planes = (torch.randn(4, c, c, device="cuda", generator=g) / C**0.5).to(dt)
+    planes = (torch.randn(T, c, c, device="cuda", generator=g) / C**0.5).to(dt)
     bias = (torch.randn(c, device="cuda", generator=g) * 0.1).to(dt)
     w = fe.planes_to_naive(planes.double())
     W = reference.dense_weight(w).to(dt)
-    B = bias.repeat_interleave(4)
-    naive = fe.NaiveEQLinear(C, D, device="cuda", dtype=dt)
+    B = bias.repeat_interleave(T)
+    naive = fe.NaiveEQLinear(C, D, group_size=T, device="cuda", dtype=dt)
     with torch.no_grad():
         naive.weight.copy_(w.to(dt))
         naive.bias.copy_(bias)
@@ -125,19 +134,20 @@ def run_case(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int) ->
     nb = n_buffers((M * C + M * D) * elt)
     xs = [(torch.randn(M, C, device="cuda", generator=g).to(dt),) for _ in range(nb)]
 
+    ours = torch.ops.flash_eqlinear.eq_linear_fwd if T == 4 else torch.ops.flash_eqlinear.eq_linear_fwd_t
     fns = {
         "F.linear": lambda x: F.linear(x, W, B),
         "naive": lambda x: naive(x),
-        "fourier_ref": lambda x: reference.fourier_eq_linear(x, planes, bias, 4),
-        "flash": lambda x: torch.ops.flash_eqlinear.eq_linear_fwd(x, planes, bias),
+        "fourier_ref": lambda x: reference.fourier_eq_linear(x, planes, bias, T),
+        "flash": lambda x: ours(x, planes, bias),
     }
-    if dt != torch.float32 and torch.cuda.get_device_capability()[0] == 9:
+    if T == 4 and dt != torch.float32 and torch.cuda.get_device_capability()[0] == 9:
         fns["flash_portable"] = lambda x: portable(torch.ops.flash_eqlinear.eq_linear_fwd, x, planes, bias)
-    row = {"dtype": dtype_name, "c": c, "C": C, "D": D, "M": M, "buffers": nb}
+    row = {"dtype": dtype_name, "group_size": T, "c": c, "C": C, "D": D, "M": M, "buffers": nb}
     dense_flops = 2 * M * C * D
-    our_flops = dense_flops * 6 / 16
+    our_flops = dense_flops * dense_fraction(T)
     peak = peak_tflops(ceilings, dtype_name)
-    bytes_moved = (M * C + M * D + 4 * c * c + c) * elt
+    bytes_moved = (M * C + M * D + T * c * c + c) * elt
     row["floor_compute_ms"] = our_flops / (peak * 1e9)
     row["floor_memory_ms"] = bytes_moved / (ceilings["copy_tbps"] * 1e9)
     row["floor_ms"] = max(row["floor_compute_ms"], row["floor_memory_ms"])
@@ -153,10 +163,11 @@ def run_case(dtype_name: str, c: int, M: int, ceilings: dict, prec_rows: int) ->
         # same rotation; and ours launched without programmatic dependent launch (sm_90+).
         y_copy = torch.empty(M, D, device="cuda", dtype=dt)
         row["copy_ms"] = graphed_ms(lambda x: y_copy.copy_(x), xs, min_time_s=0.3)
-        row["flash_no_pdl_ms"] = graphed_ms(fns["flash"], xs, {"pdl": "0"}, min_time_s=0.3)
+        if T == 4:
+            row["flash_no_pdl_ms"] = graphed_ms(fns["flash"], xs, {"pdl": "0"}, min_time_s=0.3)
 
         x = xs[0][0][:prec_rows]
-        ref = reference.naive_eq_linear(x.double(), w, bias.double(), 4)
+        ref = reference.naive_eq_linear(x.double(), w, bias.double(), T)
         row["precision"] = {
             "flash": precision(fns["flash"](x), ref),
             "F.linear": precision(fns["F.linear"](x), ref),
@@ -261,7 +272,8 @@ def markdown(rows, ceilings, env) -> str:
             f"| {r['dtype']} | {r['c']} | {r['C']} | {r['F.linear']['ms']:.4f} | {r['naive']['ms']:.4f} | "
             f"{r['fourier_ref']['ms']:.4f} | {r['flash']['ms']:.4f} | {r['flash']['tflops']:.1f} "
             f"({r['flash']['pct_peak']:.0f}%) | {r['floor_ms']:.4f} | "
-            + (f"{r['copy_ms']:.4f} | {r['flash_no_pdl_ms']:.4f} | " if "copy_ms" in r else "- | - | ")
+            + (f"{r['copy_ms']:.4f} | " if "copy_ms" in r else "- | ")
+            + (f"{r['flash_no_pdl_ms']:.4f} | " if "flash_no_pdl_ms" in r else "- | ")
             + f"**{r['flash']['speedup_vs_linear']:.2f}x** | {r['fourier_ref']['speedup_vs_linear']:.2f}x | "
             + (
                 f"{r['flash_portable']['ms']:.4f} ({r['flash_portable']['speedup_vs_linear']:.2f}x) | "
@@ -273,13 +285,16 @@ def markdown(rows, ceilings, env) -> str:
     return "\n".join(lines)
 
 
-def default_name(direction: str, dtypes: list[str]) -> str:
+def default_name(direction: str, dtypes: list[str], group_size: int = 4) -> str:
     """The result file's name without --out: op_<direction>.json, with the run's TF32 modes appended where
     it has any (op_fwd_tf32.json; op_fwd_3xtf32.json for fp32,3xtf32), _fp32 for a run of fp32 alone
-    (op_bwd_fp32.json); FP32 beside fp16 / bf16 and fp16 / bf16 alone add nothing (op_fwd.json)."""
+    (op_bwd_fp32.json), then _c<T> for a group size other than 4 (op_fwd_c8.json); FP32 beside fp16 / bf16
+    and fp16 / bf16 alone add nothing (op_fwd.json)."""
     tags = [d for d in dict.fromkeys(dtypes) if d in ("tf32", "3xtf32")]
     if not tags and list(dict.fromkeys(dtypes)) == ["fp32"]:
         tags = ["fp32"]
+    if group_size != 4:
+        tags.append(f"c{group_size}")
     return "_".join([f"op_{direction}", *tags]) + ".json"
 
 
@@ -290,7 +305,12 @@ def main(argv=None) -> int:
         default="fp32,fp16,bf16",
         help="comma list of: fp32, tf32, 3xtf32, fp16, bf16 (with tf32 the file is op_<direction>_tf32.json)",
     )
-    ap.add_argument("--cs", default=",".join(map(str, CS)))
+    ap.add_argument(
+        "--cs", default=None, help="comma list of c (default: 16 .. 2048; T = 2, 8: C / T, C <= 8192)"
+    )
+    ap.add_argument(
+        "--group-size", type=int, choices=(2, 4, 8), default=4, help="2 and 8: --direction fwd only"
+    )
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--prec-rows", type=int, default=4096)
@@ -303,6 +323,11 @@ def main(argv=None) -> int:
         "_3xtf32|_fp32].json, see default_name)",
     )
     args = ap.parse_args(argv)
+    T = args.group_size
+    if T != 4 and args.direction != "fwd":
+        ap.error("--group-size 2 and 8: --direction fwd only (their backward is the dense form's)")
+    if args.cs is None:
+        args.cs = ",".join(map(str, CS if T == 4 else [C // T for C in (256, 512, 1024, 2048, 4096, 8192)]))
     if not torch.cuda.is_available() or not fe.kernels_available():
         print("bench_op needs a CUDA GPU and the built extension", file=sys.stderr)
         return 2
@@ -320,7 +345,7 @@ def main(argv=None) -> int:
             os.environ.pop("FLASH_EQLINEAR_FP32", None)
         for c in map(int, args.cs.split(",")):
             if args.direction == "fwd":
-                r = run_case(dn, c, M, ceilings, args.prec_rows)
+                r = run_case(dn, c, M, ceilings, args.prec_rows, T)
             else:
                 train = args.direction == "train"
                 r = run_case_bwd(dn, c, M, ceilings, args.prec_rows, train, args.eager_calls)
@@ -330,14 +355,15 @@ def main(argv=None) -> int:
                 f"{dn} c={c:5d}: F.linear {r['F.linear']['ms']:.4f} ms, flash {fl['ms']:.4f} ms "
                 f"({fl['speedup_vs_linear']:.2f}x), ref {ref['speedup_vs_linear']:.2f}x, "
                 f"floor {r['floor_ms']:.4f} ms"
-                + (f", copy {r['copy_ms']:.4f}, no PDL {r['flash_no_pdl_ms']:.4f}" if "copy_ms" in r else "")
+                + (f", copy {r['copy_ms']:.4f}" if "copy_ms" in r else "")
+                + (f", no PDL {r['flash_no_pdl_ms']:.4f}" if "flash_no_pdl_ms" in r else "")
                 + (f", portable {r['flash_portable']['ms']:.4f} ms" if "flash_portable" in r else ""),
                 flush=True,
             )
             torch.cuda.empty_cache()
     kind = {"fwd": "op_forward", "bwd": "op_backward", "train": "op_train_step"}[args.direction]
-    payload = {"benchmark": kind, "env": env, "ceilings": ceilings, "M": M, "rows": rows}
-    name = args.out or default_name(args.direction, args.dtypes.split(","))
+    payload = {"benchmark": kind, "env": env, "ceilings": ceilings, "M": M, "group_size": T, "rows": rows}
+    name = args.out or default_name(args.direction, args.dtypes.split(","), T)
     path = save_json(name, payload)
     table = markdown(rows, ceilings, env)
     path.with_suffix(".md").write_text(table + "\n")

@@ -32,6 +32,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> eq_linear_fwd_split3(
                                                                               const at::Tensor& planes,
                                                                               const std::optional<at::Tensor>& bias);
 
+// ---- eq_linear_fwd_t_api.cpp: the forward for group sizes 2 and 8 (GEMM form, inference) ----
+at::Tensor eq_linear_fwd_t(const at::Tensor& x, const at::Tensor& planes, const std::optional<at::Tensor>& bias);
+
 // ---- eq_group_planes_api.cpp: a group-domain weight's planes and the adjoint (SwappedEQLinear), with autograd ----
 at::Tensor group_planes(const at::Tensor& w, const at::Tensor& basis, std::optional<at::ScalarType> dtype);
 at::Tensor group_planes_cuda(const at::Tensor& w, const at::Tensor& basis, std::optional<at::ScalarType> dtype);

@@ -40,6 +40,28 @@ def _eq_linear_fwd_fake(x, planes, bias):
     return x.new_empty((x.shape[0], 4 * planes.shape[1]))
 
 
+@torch.library.register_fake("flash_eqlinear::eq_linear_fwd_t")
+def _eq_linear_fwd_t_fake(x, planes, bias):
+    # Mirrors the checks of the CUDA implementation (csrc/eq_linear_fwd_t_api.cpp).
+    torch._check(
+        planes.dim() == 3 and planes.shape[0] in (2, 8),
+        lambda: f"eq_linear_fwd_t: planes must be (T, d, c) with T = 2 or 8, got {tuple(planes.shape)}",
+    )
+    T, d, c = planes.shape
+    torch._check(
+        x.dim() == 2 and x.shape[1] == T * c,
+        lambda: f"eq_linear_fwd_t: x must be 2-D (M, T*c) = (M, {T * c}), got {tuple(x.shape)}",
+    )
+    torch._check(x.dtype in _KERNEL_DTYPES, lambda: f"eq_linear_fwd_t: unsupported dtype {x.dtype}")
+    torch._check(planes.dtype == x.dtype, lambda: "eq_linear_fwd_t: planes dtype does not match x dtype")
+    if bias is not None:
+        torch._check(
+            bias.dim() == 1 and bias.shape[0] == d and bias.dtype == x.dtype,
+            lambda: f"eq_linear_fwd_t: bias must have shape ({d},) and dtype {x.dtype}",
+        )
+    return x.new_empty((x.shape[0], T * d))
+
+
 @torch.library.register_fake("flash_eqlinear::eq_linear_bwd_weight")
 def _eq_linear_bwd_weight_fake(x, grad_y):
     torch._check(

@@ -44,6 +44,7 @@ from .ops import (
     chunks_of,
     flash_eq_linear,
     flash_eq_linear_chunks,
+    gemm_form_t,
     reference_form,
 )
 
@@ -250,9 +251,12 @@ class SwappedEQLinear(ParamCache, nn.Module):
             return _GROUP_OP(x, w, b, self._basis(w))[0]
         T = self.group_size
         if not (isinstance(x, torch.Tensor) and backend_for(x, T) == "cuda"):
-            if reference_form(x, T, *self._fields, dense_kept=self._caches()) == "dense":
+            c, d = self._fields
+            w, b = self._cache_params()
+            if reference_form(x, T, c, d, dense_kept=self._caches()) == "dense" and not gemm_form_t(
+                x, w, b, T, c, d
+            ):
                 # Off the fused kernels, where the dense form runs: the naive layer's own computation.
-                b = self._cache_params()[1]
                 return naive_forward(self, x, self.group_weight(), None if b is None else b.reshape(-1), T)
         planes, b = self._params_for(x)
         if _LAYER_OP is not None and T == 4 and _fused_eager(x):

@@ -28,6 +28,7 @@ from .ops import (
     chunks_of,
     flash_eq_linear,
     flash_eq_linear_chunks,
+    gemm_form_t,
     reference_form,
     rounded_group_weight,
 )
@@ -301,9 +302,11 @@ class FlashEQLinear(_EQLinearBase):
         """Inference off the fused kernels in the dense form (``reference_form`` with the dense weight kept):
         the expanded (D, C) weight, made as the dense form makes it per call, kept and reused under
         ``NaiveEQLinear``'s rules, so a swapped layer is no slower than the naive one it replaced. None
-        where the Fourier form runs instead."""
+        where the Fourier form or, for T = 2 and 8 on CUDA, the GEMM form (``gemm_form_t``) runs instead."""
         T, c, d = self.group_size, self.c, self.d
-        if reference_form(x, T, c, d, dense_kept=True) != "dense":
+        if reference_form(x, T, c, d, dense_kept=True) != "dense" or gemm_form_t(
+            x, self.weight, self.bias, T, c, d
+        ):
             return None
         kept = self._kept(_autocast_dtype(x))
         wc, bc = kept["params"]

@@ -38,8 +38,9 @@ if kernels_available():
     _CHUNKS_OP = torch.ops.flash_eqlinear.eq_linear_chunks.default
     _PLANES_OP = torch.ops.flash_eqlinear.group_planes.default
     _GROUP_OP = torch.ops.flash_eqlinear.eq_linear_group.default
+    _FWD_T_OP = torch.ops.flash_eqlinear.eq_linear_fwd_t.default
 else:
-    _LAYER_OP = _CHUNKS_OP = _PLANES_OP = _GROUP_OP = None
+    _LAYER_OP = _CHUNKS_OP = _PLANES_OP = _GROUP_OP = _FWD_T_OP = None
 
 
 def backend_for(x: torch.Tensor, group_size: int) -> str:
@@ -53,6 +54,35 @@ def backend_for(x: torch.Tensor, group_size: int) -> str:
     ):
         return "cuda"
     return "reference"
+
+
+# The smallest c * d (one plane's weights) at which eq_linear_fwd_t's GEMM form beats the dense F.linear, per
+# group size, for FP32 without TF32 and for fp16 / bf16 / TF32 (docs/performance.md).
+_GEMM_FORM_T_MIN_CD = {
+    (8, "fp32"): 64 * 64,
+    (8, "fast"): 256 * 256,
+    (2, "fp32"): 128 * 128,
+    (2, "fast"): 1024 * 1024,
+}
+
+
+def gemm_form_t(x: torch.Tensor, weight, bias, group_size: int, c: int, d: int) -> bool:
+    """Whether a layer call of group size 2 or 8 runs the CUDA GEMM form ``flash_eqlinear::eq_linear_fwd_t``
+    (x's group DFT, cuBLAS products per frequency, the synthesis: 14/64 of the dense multiply-adds for T = 8):
+    on CUDA in FP32 / fp16 / bf16 with the kernels built, no gradient recorded (its inference form; training
+    runs the dense form), and c * d at least where it measured faster than the dense form's ``F.linear``.
+    Elsewhere :func:`reference_form` decides."""
+    if _FWD_T_OP is None or BACKEND != "auto" or group_size not in (2, 8):
+        return False
+    if not (x.is_cuda and x.dtype in _KERNEL_DTYPES):
+        return False
+    if torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (x, weight, bias)
+    ):
+        return False
+    dtype = _autocast_dtype(x) or x.dtype  # (the dtype it runs in)
+    fast = dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32
+    return c * d >= _GEMM_FORM_T_MIN_CD[(group_size, "fast" if fast else "fp32")]
 
 
 def reference_form(x: torch.Tensor, group_size: int, c: int, d: int, dense_kept: bool = False) -> str:
@@ -261,7 +291,9 @@ def _eq_linear(x, weight, bias, keep32: bool, dims: tuple, chunks: int = 0):
     :func:`flash_eq_linear_chunks`."""
     T, c, d = dims
     if backend_for(x, T) == "reference":
-        if reference_form(x, T, c, d) == "fourier":
+        if gemm_form_t(x, weight, bias, T, c, d):  # (no gradient recorded, so x has the weight's dtype)
+            y = _FWD_T_OP(x.reshape(-1, c * T), weight, bias).reshape(*x.shape[:-1], d * T)
+        elif reference_form(x, T, c, d) == "fourier":
             y = reference.fourier_eq_linear(x, weight, bias, T)
         else:
             y = reference.naive_eq_linear(x, rounded_group_weight(weight), bias, T)
@@ -355,13 +387,15 @@ def plan(
 def explain(layer, x: torch.Tensor, chunks: int = 0) -> dict:
     """The plan (:func:`plan`) of ``layer(x)`` (a ``FlashEQLinear`` or ``SwappedEQLinear``) as called now:
     train or eval, grad mode, autocast and the switches as they are; ``chunks`` = 3: of
-    ``layer.forward_chunks(x, 3)``. Where the call runs off the fused kernels, {"backend": "reference",
-    "form": "fourier" or "dense"} instead."""
+    ``layer.forward_chunks(x, 3)``. Where the call runs off the fused p4 kernels, {"backend": "reference",
+    "form": "fourier" or "dense"}, or "gemm_t" for T = 2, 8 on CUDA (:func:`gemm_form_t`), instead."""
     T = layer.group_size
     c, d = layer.in_features // T, layer.out_features // T
     weight, bias = layer._params_for(x)  # (SwappedEQLinear: the planes of its group weight)
     cast = _autocast_dtype(x)
     if backend_for(x, T) != "cuda":
+        if gemm_form_t(x, weight, bias, T, c, d):
+            return {"backend": "reference", "form": "gemm_t"}
         return {"backend": "reference", "form": reference_form(x, T, c, d, dense_kept=not layer.training)}
     keep32 = cast is not None and _keeps_fp32_input(x, weight, T, cast)
     dtype = cast if cast is not None and weight.dtype != torch.float64 else weight.dtype

@@ -1,0 +1,129 @@
+"""The forward for group sizes 2 and 8 on CUDA (``flash_eqlinear::eq_linear_fwd_t``, the GEMM form) and the
+decision that routes a layer's inference calls to it (``ops.gemm_form_t``).
+
+Criterion as for p4 (tests/test_fwd_cuda.py): the relative L2 error against the float64 naive layer at most
+twice that of F.linear with the dense weight in the same dtype (floored at u/8); FP32 under 1e-5.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import rel_l2, require_cuda_kernels, roll_group
+
+import flash_eqlinear as fe
+from flash_eqlinear import ops, reference
+
+require_cuda_kernels()
+
+DEV = "cuda"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+OP = torch.ops.flash_eqlinear.eq_linear_fwd_t.default
+
+
+def make_t(M, c, d, T, dtype, x_scale=1.0, bias=True, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = (torch.randn(M, T * c, device=DEV, generator=g) * x_scale).to(dtype)
+    planes = (torch.randn(T, d, c, device=DEV, generator=g) / (T * c) ** 0.5).to(dtype)
+    b = torch.randn(d, device=DEV, generator=g).to(dtype) if bias else None
+    return x, planes, b
+
+
+def check_t(y, x, planes, b):
+    T = planes.shape[0]
+    assert y.dtype == x.dtype and y.shape == (x.shape[0], T * planes.shape[1]) and torch.isfinite(y).all()
+    w = fe.planes_to_naive(planes.double())
+    ref = reference.naive_eq_linear(x.double(), w, None if b is None else b.double(), T)
+    if x.shape[0] == 0:
+        return
+    err = rel_l2(y, ref)
+    if x.dtype == torch.float32:
+        assert err < 1e-5, err
+        return
+    B = None if b is None else b.repeat_interleave(T)
+    lin_err = rel_l2(F.linear(x, reference.dense_weight(w).to(x.dtype), B), ref)
+    assert err <= 2 * max(lin_err, ROUNDOFF[x.dtype] / 8), (err, lin_err)
+
+
+SHAPES = [(1, 1, 1), (7, 3, 5), (129, 48, 40), (300, 128, 96), (0, 4, 4), (2050, 17, 64)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("T", [2, 8])
+@pytest.mark.parametrize("M, c, d", SHAPES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_fwd_t_matches_fp64(M, c, d, T, dtype, bias):
+    x, planes, b = make_t(M, c, d, T, dtype, bias=bias, seed=M * 7919 + c * 31 + d + T)
+    check_t(OP(x, planes, b), x, planes, b)
+
+
+@pytest.mark.parametrize("T", [2, 8])
+def test_fwd_t_is_equivariant_and_non_contiguous(T):
+    x, planes, b = make_t(64, 24, 16, T, torch.float32)
+    y = OP(x, planes, b)
+    assert rel_l2(OP(roll_group(x, T), planes, b), roll_group(y, T)) < 1e-6
+    xt = torch.empty(T * 24, 64, device=DEV).t().copy_(x)  # a transposed view
+    assert torch.equal(OP(xt, planes, b), y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_fwd_t_keeps_linears_range(dtype):
+    """Large 16-bit inputs: finite wherever F.linear with the dense weight is (the transform's values stay
+    within the input's range)."""
+    x, planes, b = make_t(256, 64, 64, 8, dtype, x_scale=1e4 if dtype == torch.float16 else 1e37)
+    W = reference.dense_weight(fe.planes_to_naive(planes.double())).to(dtype)
+    assert torch.isfinite(F.linear(x, W, b.repeat_interleave(8))).all()
+    check_t(OP(x, planes, b), x, planes, b)
+
+
+def test_fwd_t_opcheck_and_errors():
+    x, planes, b = make_t(33, 8, 8, 8, torch.float32)
+    torch.library.opcheck(OP, (x, planes, b))
+    torch.library.opcheck(OP, (x, planes, None))
+    with pytest.raises(ValueError, match=r"group size T = 2 or 8"):
+        OP(x[:, :32], planes[:4], b)
+    with pytest.raises(ValueError, match=r"x must be 2-D \(M, T\*c\)"):
+        OP(x[:, 1:], planes, b)
+    with pytest.raises(RuntimeError, match="does not match x dtype"):
+        OP(x, planes.half(), b)
+    with pytest.raises(ValueError, match=r"bias must have shape \(8,\)"):
+        OP(x, planes, b[:3])
+
+
+def ops_called(fn) -> list[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return [e.name for e in prof.events() if e.name.startswith("flash_eqlinear::")]
+
+
+@pytest.mark.parametrize("T", [2, 8])
+@pytest.mark.parametrize("kind", ["flash", "swapped"])
+def test_layers_run_it_in_inference_only(T, kind):
+    """FlashEQLinear (planes kept in eval) and a swapped naive layer of group size 2 or 8: inference calls
+    run the GEMM form where it is the faster one (same function), training calls the dense form."""
+    torch.manual_seed(0)
+    c = d = math.isqrt(max(ops._GEMM_FORM_T_MIN_CD[(T, kind)] for kind in ("fp32", "fast")))  # every dtype's
+    naive = fe.NaiveEQLinear(T * c, T * d, group_size=T, device=DEV)
+    if kind == "flash":
+        layer = fe.FlashEQLinear.from_naive(naive.weight.detach(), naive.bias.detach())
+    else:
+        layer = fe.SwappedEQLinear(naive)
+    x = torch.randn(2, 33, T * c, device=DEV)
+    want = naive(x)
+    layer.eval()
+    for autocast in (False, True):
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            assert fe.explain(layer, x)["form"] == "gemm_t"
+            assert "flash_eqlinear::eq_linear_fwd_t" in ops_called(lambda: layer(x))
+            y = layer(x)
+        assert y.dtype == (torch.bfloat16 if autocast else torch.float32)
+        assert rel_l2(y, want) < (1e-2 if autocast else 1e-5)
+    layer.train()
+    y = layer(x)
+    assert "flash_eqlinear::eq_linear_fwd_t" not in ops_called(lambda: layer(x))
+    y.sum().backward()
+    assert rel_l2(y, want) < 1e-5
