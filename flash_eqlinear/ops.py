@@ -58,12 +58,7 @@ def backend_for(x: torch.Tensor, group_size: int) -> str:
 
 # The smallest c * d (one plane's weights) at which eq_linear_fwd_t's GEMM form beats the dense F.linear, per
 # group size, for FP32 without TF32 and for fp16 / bf16 / TF32 (docs/performance.md).
-_GEMM_FORM_T_MIN_CD = {
-    (8, "fp32"): 64 * 64,
-    (8, "fast"): 256 * 256,
-    (2, "fp32"): 128 * 128,
-    (2, "fast"): 1024 * 1024,
-}
+_GEMM_FORM_T_MIN_CD = {(8, "fp32"): 128**2, (8, "fast"): 512**2, (2, "fp32"): 1024**2, (2, "fast"): 4096**2}
 
 
 def gemm_form_t(x: torch.Tensor, weight, bias, group_size: int, c: int, d: int) -> bool:
