@@ -51,8 +51,12 @@ TORCH_LIBRARY(flash_eqlinear, m) {
         "-> (Tensor, Tensor, Tensor)",
         kAnyLayout);
   m.def("eq_linear_fwd_gelu(Tensor x, Tensor planes, Tensor? bias) -> Tensor", kAnyLayout);
-  // The forward for group sizes 2 and 8 (eq_linear_fwd_t_api.cpp): x (M, T c), planes (T, d, c).
+  // The layer for group sizes 2 and 8 (eq_linear_fwd_t_api.cpp): x (M, T c), planes (T, d, c); the forward's
+  // autograd formula is Python's (flash_eqlinear/_registry.py).
   m.def("eq_linear_fwd_t(Tensor x, Tensor planes, Tensor? bias) -> Tensor", kAnyLayout);
+  m.def("eq_linear_bwd_t(Tensor grad_y, Tensor x, Tensor planes, bool needs_x, bool needs_p, bool needs_b) "
+        "-> (Tensor, Tensor, Tensor)",
+        kAnyLayout);
   m.def("eq_linear_fwd_cast(Tensor x, Tensor planes, Tensor? bias) -> (Tensor, Tensor)", kAnyLayout);
   m.def("eq_linear_fwd_split3(Tensor x, Tensor planes, Tensor? bias) -> (Tensor, Tensor, Tensor, Tensor)", kAnyLayout);
   m.def("eq_linear_bwd_split3(Tensor gy0, Tensor gy1, Tensor gy2, Tensor x, Tensor planes, bool needs_x, "
@@ -80,6 +84,7 @@ TORCH_LIBRARY_IMPL(flash_eqlinear, CUDA, m) {
   m.impl("eq_linear_bwd_xf", &eq_linear_bwd_xf);
   m.impl("eq_linear_fwd_gelu", &eq_linear_fwd_gelu);
   m.impl("eq_linear_fwd_t", &eq_linear_fwd_t);
+  m.impl("eq_linear_bwd_t", &eq_linear_bwd_t);
   m.impl("eq_linear_fwd_cast", &eq_linear_fwd_cast);
   m.impl("eq_linear_fwd_split3", &eq_linear_fwd_split3);
   m.impl("eq_linear_bwd_split3", &eq_linear_bwd_split3);

@@ -32,8 +32,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> eq_linear_fwd_split3(
                                                                               const at::Tensor& planes,
                                                                               const std::optional<at::Tensor>& bias);
 
-// ---- eq_linear_fwd_t_api.cpp: the forward for group sizes 2 and 8 (GEMM form, inference) ----
+// ---- eq_linear_fwd_t_api.cpp: the layer for group sizes 2 and 8 (GEMM form), forward and backward ----
 at::Tensor eq_linear_fwd_t(const at::Tensor& x, const at::Tensor& planes, const std::optional<at::Tensor>& bias);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd_t(const at::Tensor& grad_y, const at::Tensor& x,
+                                                               const at::Tensor& planes, bool needs_x,
+                                                               bool needs_p, bool needs_b);
 
 // ---- eq_group_planes_api.cpp: a group-domain weight's planes and the adjoint (SwappedEQLinear), with autograd ----
 at::Tensor group_planes(const at::Tensor& w, const at::Tensor& basis, std::optional<at::ScalarType> dtype);

@@ -24,6 +24,7 @@ inline constexpr const char* kDebugSwitches[] = {
     "wgrad_swap",    // 0 | 1: the Hopper weight gradient's operand order
     "wgrad_half_r",  // the mma.sync weight gradient's row split
     "pdl",           // 0 | 1: programmatic dependent launch
+    "gemm_t_train",  // 1: training calls of group sizes 2 and 8 take the GEMM form too (ops.gemm_form_t)
 };
 
 // The value of FLASH_EQLINEAR_DEBUG's `name` (one of kDebugSwitches), or nullptr where it is not set.

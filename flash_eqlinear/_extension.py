@@ -6,7 +6,7 @@ it is missing (a CPU-only install) everything runs on the pure-PyTorch path.
 Switches (README, "Switches"): for users, ``FLASH_EQLINEAR_BACKEND`` (``auto`` or ``reference``, read here at
 import), ``FLASH_EQLINEAR_SM90`` and ``FLASH_EQLINEAR_FP32`` (read by the C++ plan); the knobs that exist to
 A/B paths share ``FLASH_EQLINEAR_DEBUG="name=value,..."`` (names in ``csrc/eq_switches.h``; the C++ side
-validates them). Python reads two of them, ``fused_mlp`` and ``fused_norm`` (:func:`debug_switch`).
+validates them). Python reads some of them itself (:func:`debug_switch`).
 """
 
 from __future__ import annotations

@@ -62,6 +62,46 @@ def _eq_linear_fwd_t_fake(x, planes, bias):
     return x.new_empty((x.shape[0], T * d))
 
 
+@torch.library.register_fake("flash_eqlinear::eq_linear_bwd_t")
+def _eq_linear_bwd_t_fake(grad_y, x, planes, needs_x, needs_p, needs_b):
+    T, d, _ = planes.shape
+    torch._check(
+        grad_y.dim() == 2 and grad_y.shape[1] == T * d,
+        lambda: f"eq_linear_bwd_t: grad_y must be (M, T*d), got {tuple(grad_y.shape)}",
+    )
+    return (
+        grad_y.new_empty(x.shape if needs_x else (0,)),
+        grad_y.new_empty(planes.shape if needs_p else (0,)),
+        grad_y.new_empty((d,) if needs_b else (0,)),
+    )
+
+
+def _setup_context_t(ctx, inputs, output):
+    x, planes, bias = inputs
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(x, planes)
+
+
+def _backward_t(ctx, grad_y):
+    """eq_linear_fwd_t's gradients: eq_linear_bwd_t; with create_graph=True, differentiable ones (grad_x by
+    the forward op on the adjoint planes, the weight gradients by stock ops)."""
+    x, planes = ctx.saved_tensors
+    needs_x, needs_p = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    needs_b = ctx.has_bias and ctx.needs_input_grad[2]
+    if torch.is_grad_enabled():
+        adj = reference.adjoint_planes(planes).contiguous()
+        gx = torch.ops.flash_eqlinear.eq_linear_fwd_t(grad_y.contiguous(), adj, None) if needs_x else None
+        _, gp, gb = reference.fourier_eq_linear_backward(grad_y, x, planes, (False, needs_p, needs_b))
+        return gx, gp, gb
+    gx, gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_t(grad_y, x, planes, needs_x, needs_p, needs_b)
+    return gx if needs_x else None, gp if needs_p else None, gb if needs_b else None
+
+
+torch.library.register_autograd(
+    "flash_eqlinear::eq_linear_fwd_t", _backward_t, setup_context=_setup_context_t
+)
+
+
 @torch.library.register_fake("flash_eqlinear::eq_linear_bwd_weight")
 def _eq_linear_bwd_weight_fake(x, grad_y):
     torch._check(

@@ -65,15 +65,16 @@ def gemm_form_t(x: torch.Tensor, weight, bias, group_size: int, c: int, d: int) 
     """Whether a layer call of group size 2 or 8 runs the CUDA GEMM form ``flash_eqlinear::eq_linear_fwd_t``
     (x's group DFT, cuBLAS products per frequency, the synthesis: 14/64 of the dense multiply-adds for T = 8):
     on CUDA in FP32 / fp16 / bf16 with the kernels built, no gradient recorded (its inference form; training
-    runs the dense form), and c * d at least where it measured faster than the dense form's ``F.linear``.
-    Elsewhere :func:`reference_form` decides."""
+    runs the dense form, or with ``FLASH_EQLINEAR_DEBUG=gemm_t_train=1`` this one too, its backward
+    ``eq_linear_bwd_t``, not yet measured), and c * d at least where the forward measured faster than the
+    dense form's ``F.linear``. Elsewhere :func:`reference_form` decides."""
     if _FWD_T_OP is None or BACKEND != "auto" or group_size not in (2, 8):
         return False
     if not (x.is_cuda and x.dtype in _KERNEL_DTYPES):
         return False
-    if torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in (x, weight, bias)
-    ):
+    params = (x, weight, bias)
+    grads = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in params)
+    if grads and debug_switch("gemm_t_train") != "1":
         return False
     dtype = _autocast_dtype(x) or x.dtype  # (the dtype it runs in)
     fast = dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import rel_l2, require_cuda_kernels, roll_group
+from conftest import debug_env, rel_l2, require_cuda_kernels, roll_group
 
 import flash_eqlinear as fe
 from flash_eqlinear import ops, reference
@@ -127,3 +127,94 @@ def test_layers_run_it_in_inference_only(T, kind):
     assert "flash_eqlinear::eq_linear_fwd_t" not in ops_called(lambda: layer(x))
     y.sum().backward()
     assert rel_l2(y, want) < 1e-5
+
+
+# ---- The backward (eq_linear_bwd_t) and training on the GEMM form (FLASH_EQLINEAR_DEBUG=gemm_t_train=1) ----
+
+BWD = torch.ops.flash_eqlinear.eq_linear_bwd_t.default
+
+
+def grads_t(x, planes, b, g, dtype):
+    """(grad_x, grad_planes, grad_bias) of the naive layer in float64, and each one's error scale: the
+    relative error of F.linear's matching gradient (dense weight) in dtype against float64."""
+    T = planes.shape[0]
+    x64, p64, b64 = (t.detach().double().requires_grad_() for t in (x, planes, b))
+    y64 = reference.naive_eq_linear(x64, fe.planes_to_naive(p64), b64, T)
+    want = torch.autograd.grad(y64, (x64, p64, b64), g.double())
+    scales = []
+    for dt in (dtype, torch.float64):
+        W = reference.dense_weight(fe.planes_to_naive(planes.double())).to(dt).requires_grad_()
+        B = b.to(dt).repeat_interleave(T).detach().requires_grad_()
+        xl = x.to(dt).detach().requires_grad_()
+        scales.append(torch.autograd.grad(F.linear(xl, W, B), (xl, W, B), g.to(dt)))
+    return want, [rel_l2(a, e) for a, e in zip(*scales, strict=True)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("T", [2, 8])
+@pytest.mark.parametrize("M, c, d", [(7, 3, 5), (300, 64, 48), (1029, 17, 40), (0, 4, 4)])
+def test_bwd_t_matches_fp64(M, c, d, T, dtype):
+    x, planes, b = make_t(M, c, d, T, dtype, seed=M + 31 * c + d + T)
+    g = torch.randn(M, T * d, device=DEV).to(dtype)
+    got = BWD(g, x, planes, True, True, True)
+    if M == 0:
+        assert [t.shape for t in got] == [x.shape, planes.shape, b.shape] and not any(
+            t.abs().sum() for t in got
+        )
+        return
+    want, lin = grads_t(x, planes, b, g, dtype)
+    for k, (a, e) in enumerate(zip(got, want, strict=True)):
+        tol = 1e-5 if dtype == torch.float32 else 2 * max(lin[k], ROUNDOFF[dtype] / 8)
+        assert a.dtype == dtype and a.shape == e.shape and rel_l2(a, e) <= tol, (k, rel_l2(a, e), tol)
+    only_p = BWD(g, x, planes, False, True, False)
+    assert only_p[0].numel() == 0 and only_p[2].numel() == 0 and torch.equal(only_p[1], got[1])
+
+
+def test_bwd_t_opcheck_and_differentiable_grads():
+    x, planes, b = make_t(33, 8, 8, 8, torch.float32)
+    args = (x.requires_grad_(), planes.requires_grad_(), b.requires_grad_())
+    torch.library.opcheck(OP, args)  # (with the registered autograd)
+    g = torch.randn(33, 64, device=DEV)
+    torch.library.opcheck(BWD, (g, x.detach(), planes.detach(), True, True, True))
+    # create_graph=True: a gradient penalty's second backward
+    y = OP(*args)
+    (gx,) = torch.autograd.grad(y, args[0], g, create_graph=True)
+    (gpp,) = torch.autograd.grad(gx.square().sum(), args[1])
+    p64 = planes.detach().double().requires_grad_()
+    x64 = x.detach().double()
+    (gx64,) = torch.autograd.grad(
+        reference.naive_eq_linear(x64.requires_grad_(), fe.planes_to_naive(p64), None, 8),
+        x64,
+        g.double(),
+        create_graph=True,
+    )
+    (want,) = torch.autograd.grad(gx64.square().sum(), p64)
+    assert rel_l2(gpp, want) < 1e-5
+
+
+@pytest.mark.parametrize("T", [2, 8])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_layer_trains_on_it_with_the_switch(T, autocast, monkeypatch):
+    """With gemm_t_train=1 a FlashEQLinear of group size 2 or 8 trains through eq_linear_fwd_t / _bwd_t (at
+    any size): the naive layer's gradients."""
+    debug_env(monkeypatch, gemm_t_train=1)
+    torch.manual_seed(0)
+    c = d = math.isqrt(max(ops._GEMM_FORM_T_MIN_CD[(T, kind)] for kind in ("fp32", "fast")))
+    naive = fe.NaiveEQLinear(T * c, T * d, group_size=T, device=DEV)
+    layer = fe.FlashEQLinear.from_naive(naive.weight.detach(), naive.bias.detach())
+    x = torch.randn(3, 11, T * c, device=DEV, requires_grad=True)
+    g = torch.randn(3, 11, T * d, device=DEV)
+    results = []
+    for mod, params in ((naive, (naive.weight, naive.bias)), (layer, (layer.weight, layer.bias))):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            if mod is layer:
+                assert fe.explain(layer, x)["form"] == "gemm_t"
+                assert "flash_eqlinear::eq_linear_fwd_t" in ops_called(lambda: layer(x))  # noqa: B023
+            y = mod(x)
+        gx, gw, gb = torch.autograd.grad(y, (x, *params), g.to(y.dtype))
+        if mod is layer:
+            gw = fe.planes_to_naive(gw)  # the planes' gradient, in the group domain (orthogonal map)
+        results.append((y.float(), gx, gw, gb))
+    tol = 2e-2 if autocast else 1e-5
+    for a, e in zip(results[1], results[0], strict=True):
+        assert a.shape == e.shape and rel_l2(a, e) < tol, rel_l2(a, e)
