@@ -287,7 +287,7 @@ def _eq_linear(x, weight, bias, keep32: bool, dims: tuple, chunks: int = 0):
     :func:`flash_eq_linear_chunks`."""
     T, c, d = dims
     if backend_for(x, T) == "reference":
-        if gemm_form_t(x, weight, bias, T, c, d):  # (no gradient recorded, so x has the weight's dtype)
+        if gemm_form_t(x, weight, bias, T, c, d):  # (x has the weight's dtype: keep32 is the p4 path's)
             y = _FWD_T_OP(x.reshape(-1, c * T), weight, bias).reshape(*x.shape[:-1], d * T)
         elif reference_form(x, T, c, d) == "fourier":
             y = reference.fourier_eq_linear(x, weight, bias, T)

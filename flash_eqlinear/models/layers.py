@@ -243,7 +243,7 @@ class LiftingPatchEmbed(nn.Module):
         self.bias = nn.Parameter(torch.empty(c))
         self.reset_parameters()
         m = quarter_turn(group_size)
-        if group_size > 1 and m > 1:  # sampling grids of the rotations by j * 90 / m degrees, j = 1 .. m-1
+        if m > 1:  # sampling grids of the rotations by j * 90 / m degrees, j = 1 .. m-1
             grids = [_rotation_grid(patch_size, j * math.pi / (2 * m)) for j in range(1, m)]
             self.register_buffer("rotation_grids", torch.stack(grids), persistent=False)  # derived
 
@@ -258,7 +258,7 @@ class LiftingPatchEmbed(nn.Module):
         G = self.group_size
         m = quarter_turn(G)
         base = [self.weight]  # the filters at the angles below a quarter turn
-        if G > 1 and m > 1:
+        if m > 1:
             c, p = self.weight.shape[0], self.patch_size
             for grid in self.rotation_grids.to(self.weight.dtype):
                 base.append(F.grid_sample(self.weight, grid.expand(c, p, p, 2), align_corners=False))
@@ -294,9 +294,7 @@ class GroupPosEmbed(nn.Module):
         super().__init__()
         self.grid_size, self.embed_dim, self.group_size = grid_size, embed_dim, group_size
         c = _check_fields("embed_dim", embed_dim, group_size)
-        self.weight = nn.Parameter(
-            torch.empty(grid_size, grid_size, c * (quarter_turn(group_size) if group_size > 1 else 1))
-        )
+        self.weight = nn.Parameter(torch.empty(grid_size, grid_size, c * quarter_turn(group_size)))
         nn.init.trunc_normal_(self.weight, std=std)
 
     def forward(self) -> torch.Tensor:
