@@ -30,7 +30,7 @@ import warnings
 import torch
 
 from .modules import _naive_entries
-from .swap import convert_state_dict_with_names, naive_state_dict_with_names
+from .swap import convert_state_dict_with_names, convertible_layers, naive_state_dict_with_names
 
 CONTAINER_KEYS = ("state_dict", "model", "model_state_dict", "model_state", "net", "module", "ema")
 
@@ -120,8 +120,9 @@ def convert_checkpoint(ckpt, key: str | None = None, only=None):
     """
     where = find_state_dict_key(ckpt, key)
     sd = ckpt if where is None else ckpt[where]
-    new, names = convert_state_dict_with_names(sd)
-    if only is not None:
+    chosen = None
+    if only is not None:  # (matched against the names first: each layer converted once)
+        names = convertible_layers(sd)
         chosen, unmatched = match_names(names, split_patterns(only))  # no pattern: nothing chosen
         if unmatched:
             layers = names[:10] + (["..."] if len(names) > 10 else [])
@@ -130,8 +131,7 @@ def convert_checkpoint(ckpt, key: str | None = None, only=None):
                 f"(the checkpoint's layers: {layers}; a wrapper's prefix such as 'module.' must be part "
                 "of the patterns)"
             )
-        if chosen != names:
-            new, names = convert_state_dict_with_names(sd, chosen)
+    new, names = convert_state_dict_with_names(sd, chosen)
     _check_dtypes(sd, names)
     if where is None:
         return new, names

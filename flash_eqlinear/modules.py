@@ -488,9 +488,16 @@ def convert_layer_entries(state_dict, prefix: str, local_metadata, layout="plane
         if layout == "planes":  # where the entries came from (exported back by naive_state_dict)
             local_metadata[SOURCE_KEY] = _source(lay.name, lay.weight, w4.dim(), lay.bias or "bias", b)
         return True
-    stored = (local_metadata or {}).get(LAYOUT_KEY)
-    if stored in ("planes", "group") and stored != layout and prefix + "weight" in state_dict:
-        state_dict[prefix + "weight"] = _to_layout(state_dict[prefix + "weight"], layout, dtype)
-        local_metadata[LAYOUT_KEY] = layout
+    if not layer_entries_convertible(state_dict, prefix, local_metadata, layout):
+        return False
+    state_dict[prefix + "weight"] = _to_layout(state_dict[prefix + "weight"], layout, dtype)
+    local_metadata[LAYOUT_KEY] = layout
+    return True
+
+
+def layer_entries_convertible(state_dict, prefix: str, local_metadata, layout="planes") -> bool:
+    """Whether :func:`convert_layer_entries` would change the entries under ``prefix`` (nothing converted)."""
+    if _naive_entries(state_dict, prefix, local_metadata) is not None:
         return True
-    return False
+    stored = (local_metadata or {}).get(LAYOUT_KEY)
+    return stored in ("planes", "group") and stored != layout and prefix + "weight" in state_dict

@@ -19,6 +19,7 @@ from .modules import (
     FlashEQLinear,
     _source,
     convert_layer_entries,
+    layer_entries_convertible,
     planes_to_naive_entries,
 )
 
@@ -146,13 +147,7 @@ def convert_state_dict_with_names(state_dict, only=None):
         raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
     out = OrderedDict(state_dict)
     meta = OrderedDict((k, dict(v)) for k, v in getattr(state_dict, "_metadata", {}).items())
-    # The prefixes of entries named as a naive layout's weight (exactly: ``weights``, not ``class_weights``);
-    # convert_layer_entries checks their shapes.
-    names = {lay.weight for lay in naive_layouts()}
-    prefixes = {
-        k.rpartition(".")[0] + "." if "." in k else "" for k in state_dict if k.rpartition(".")[2] in names
-    }
-    prefixes |= {k + "." if k else "" for k, v in meta.items() if v.get(LAYOUT_KEY) == "group"}
+    prefixes = _candidate_prefixes(state_dict, meta)
     if only is not None:
         only = {name + "." if name else "" for name in ([only] if isinstance(only, str) else only)}
         absent = sorted(p[:-1] for p in only if p and not any(k.startswith(p) for k in state_dict))
@@ -171,6 +166,26 @@ def convert_state_dict_with_names(state_dict, only=None):
             converted.append(prefix[:-1])
     out._metadata = meta
     return out, converted
+
+
+def _candidate_prefixes(state_dict, meta) -> set[str]:
+    """The prefixes of entries named as a naive layout's weight (exactly: ``weights``, not ``class_weights``)
+    and of layers whose metadata records the group layout; convert_layer_entries checks their shapes."""
+    names = {lay.weight for lay in naive_layouts()}
+    prefixes = {
+        k.rpartition(".")[0] + "." if "." in k else "" for k in state_dict if k.rpartition(".")[2] in names
+    }
+    return prefixes | {k + "." if k else "" for k, v in meta.items() if v.get(LAYOUT_KEY) == "group"}
+
+
+def convertible_layers(state_dict) -> list[str]:
+    """The layer names :func:`convert_state_dict_with_names` would convert, without converting anything."""
+    meta = getattr(state_dict, "_metadata", {})
+    return [
+        p[:-1]
+        for p in sorted(_candidate_prefixes(state_dict, meta))
+        if layer_entries_convertible(state_dict, p, meta.get(p[:-1]))
+    ]
 
 
 def naive_state_dict(source) -> OrderedDict[str, torch.Tensor]:

@@ -269,6 +269,22 @@ def test_only_glob_patterns_in_place(only, converted, tmp_path, capsys):
     assert all(n + ".weights" in out for n in layers if n not in converted)
 
 
+def test_only_converts_each_chosen_layer_once(monkeypatch):
+    """--only matches the checkpoint's layer names before converting: each chosen layer is converted once,
+    the others not at all."""
+    import flash_eqlinear.modules as modules
+
+    calls = []
+    real = modules._to_layout
+    monkeypatch.setattr(modules, "_to_layout", lambda w, *a, **k: calls.append(w.shape) or real(w, *a, **k))
+    sd = _blocks_model().state_dict()
+    out, names = convert_checkpoint(sd, only="blocks.*.mlp.*")
+    assert names == MLP and len(calls) == len(MLP)
+    calls.clear()
+    out, names = convert_checkpoint(sd)
+    assert len(names) == 7 and len(calls) == 7  # every layer, once
+
+
 def test_only_pattern_matching_nothing_fails(tmp_path, capsys):
     src, dst = tmp_path / "in.pth", tmp_path / "out.pth"
     torch.save({"model": _blocks_model().state_dict()}, src)
