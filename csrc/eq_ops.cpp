@@ -51,7 +51,7 @@ TORCH_LIBRARY(flash_eqlinear, m) {
         "-> (Tensor, Tensor, Tensor)",
         kAnyLayout);
   m.def("eq_linear_fwd_gelu(Tensor x, Tensor planes, Tensor? bias) -> Tensor", kAnyLayout);
-  // The layer for group sizes 2 and 8 (eq_linear_fwd_t_api.cpp): x (M, T c), planes (T, d, c); the forward's
+  // The layer for group sizes 2 and 8 (eq_linear_t_api.cpp): x (M, T c), planes (T, d, c); the forward's
   // autograd formula is Python's (flash_eqlinear/_registry.py).
   m.def("eq_linear_fwd_t(Tensor x, Tensor planes, Tensor? bias) -> Tensor", kAnyLayout);
   m.def("eq_linear_bwd_t(Tensor grad_y, Tensor x, Tensor planes, bool needs_x, bool needs_p, bool needs_b) "

@@ -32,7 +32,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> eq_linear_fwd_split3(
                                                                               const at::Tensor& planes,
                                                                               const std::optional<at::Tensor>& bias);
 
-// ---- eq_linear_fwd_t_api.cpp: the layer for group sizes 2 and 8 (GEMM form), forward and backward ----
+// ---- eq_linear_t_api.cpp: the layer for group sizes 2 and 8 (GEMM form), forward and backward ----
 at::Tensor eq_linear_fwd_t(const at::Tensor& x, const at::Tensor& planes, const std::optional<at::Tensor>& bias);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd_t(const at::Tensor& grad_y, const at::Tensor& x,
                                                                const at::Tensor& planes, bool needs_x,

@@ -42,7 +42,7 @@ def _eq_linear_fwd_fake(x, planes, bias):
 
 @torch.library.register_fake("flash_eqlinear::eq_linear_fwd_t")
 def _eq_linear_fwd_t_fake(x, planes, bias):
-    # Mirrors the checks of the CUDA implementation (csrc/eq_linear_fwd_t_api.cpp).
+    # Mirrors the checks of the CUDA implementation (csrc/eq_linear_t_api.cpp).
     torch._check(
         planes.dim() == 3 and planes.shape[0] in (2, 8),
         lambda: f"eq_linear_fwd_t: planes must be (T, d, c) with T = 2 or 8, got {tuple(planes.shape)}",
