@@ -218,3 +218,15 @@ def test_layer_trains_on_it_with_the_switch(T, autocast, monkeypatch):
     tol = 2e-2 if autocast else 1e-5
     for a, e in zip(results[1], results[0], strict=True):
         assert a.shape == e.shape and rel_l2(a, e) < tol, rel_l2(a, e)
+
+
+def test_compiled_inference_takes_it():
+    """torch.compile of a C8 layer in inference traces the GEMM form's op (its fake): the eager output."""
+    torch.manual_seed(0)
+    c = d = math.isqrt(ops._GEMM_FORM_T_MIN_CD[(8, "fast")])
+    layer = fe.FlashEQLinear(8 * c, 8 * d, group_size=8, device=DEV).eval()
+    x = torch.randn(4, 9, 8 * c, device=DEV)
+    with torch.no_grad():
+        want = layer(x)
+        got = torch.compile(layer)(x)
+    assert rel_l2(got, want) < 1e-6
