@@ -40,6 +40,7 @@ def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scale", default="S", help="T, S, B, L, H, or tiny (a small config for the CPU)")
     ap.add_argument("--variant", default="flash", choices=("flash", "swapped", "naive", "plain"))
+    ap.add_argument("--group-size", type=int, default=4, help="4 (p4) or 8 (C8: 45-degree rotations)")
     ap.add_argument("--dist", default="none", choices=("none", "ddp", "fsdp"), help="under torchrun")
     ap.add_argument("--batch", type=int, default=64, help="images per process and step")
     ap.add_argument("--steps", type=int, default=100, help="the step to stop at (a resumed run continues)")
@@ -59,7 +60,7 @@ def build(args, device) -> torch.nn.Module:
     config = TINY if args.scale == "tiny" else {}
     scale = None if args.scale == "tiny" else args.scale
     variant = "naive" if args.variant == "swapped" else args.variant
-    model = eq_vit(scale, variant, num_classes=args.classes, **config).to(device)
+    model = eq_vit(scale, variant, num_classes=args.classes, group_size=args.group_size, **config).to(device)
     if args.variant == "swapped":
         fe.swap_eq_linear(model)
     return model
