@@ -94,7 +94,8 @@ void launch_t(const GroupDftTParams& p, bool analysis, cudaStream_t stream) {
 }
 
 cudaError_t run(const GroupDftTParams& p, TElem elem, bool analysis, cudaStream_t stream) {
-  if (!group_dft_t_supported(p.T) || p.M < 0 || p.n < 1 || (!analysis && p.lda < p.T * p.n)) return cudaErrorInvalidValue;
+  if (!group_dft_t_supported(p.T) || p.M < 0 || p.n < 1 || (!analysis && p.lda < p.T * p.n))
+    return cudaErrorInvalidValue;
   if (p.M == 0) return cudaSuccess;
   if (!p.src || !p.dst) return cudaErrorInvalidValue;
   switch (elem) {

@@ -137,7 +137,8 @@ at::Tensor planes_grad_t(const at::Tensor& gy, const at::Tensor& x, int T, const
   const auto fp32 = gy.options().dtype(at::kFloat);
   at::Tensor gp = at::empty({T, d, c}, fp32);
   at::Tensor real = at::empty({2, d, c}, fp32);
-  gemm_fp32_out(real, g.as_strided({2, d, M}, {(T - 1) * d, 1, T * d}), f.as_strided({2, M, c}, {(T - 1) * c, T * c, 1}));
+  gemm_fp32_out(real, g.as_strided({2, d, M}, {(T - 1) * d, 1, T * d}),
+                f.as_strided({2, M, c}, {(T - 1) * c, T * c, 1}));
   const double t2 = double(T) * T;
   gp.select(0, 0).copy_(real.select(0, 0) * (t2 / std::sqrt(double(T))));
   gp.select(0, T - 1).copy_(real.select(0, 1) * (t2 / std::sqrt(double(T))));
@@ -182,7 +183,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> eq_linear_bwd_t(const at::Tensor&
     adj.slice(0, 2, T - 1, 2).neg_();
     gx = forward_t(gy, adj, at::Tensor(), stream);
   }
-  if (needs_p) gp = planes_grad_t(gy, x, static_cast<int>(T), dft_basis(static_cast<int>(T)), stream).to(planes.scalar_type());
+  if (needs_p) {
+    const int t = static_cast<int>(T);
+    gp = planes_grad_t(gy, x, t, dft_basis(t), stream).to(planes.scalar_type());
+  }
   if (needs_b) gb = gy.view({gy.size(0), d, T}).sum(at::IntArrayRef{0, 2}, false, at::kFloat).to(gy.scalar_type());
   return {or_empty(gx, gy.options()), or_empty(gp, gy.options()), or_empty(gb, gy.options())};
 }
