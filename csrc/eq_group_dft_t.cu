@@ -93,26 +93,26 @@ void launch_t(const GroupDftTParams& p, bool analysis, cudaStream_t stream) {
   else launch<8, E>(p, analysis, stream);
 }
 
-cudaError_t run(const GroupDftTParams& p, TElem elem, bool analysis, cudaStream_t stream) {
+cudaError_t run(const GroupDftTParams& p, Elem elem, bool analysis, cudaStream_t stream) {
   if (!group_dft_t_supported(p.T) || p.M < 0 || p.n < 1 || (!analysis && p.lda < p.T * p.n))
     return cudaErrorInvalidValue;
   if (p.M == 0) return cudaSuccess;
   if (!p.src || !p.dst) return cudaErrorInvalidValue;
   switch (elem) {
-    case TElem::kFloat: launch_t<float>(p, analysis, stream); break;
-    case TElem::kHalf: launch_t<__half>(p, analysis, stream); break;
-    case TElem::kBFloat16: launch_t<__nv_bfloat16>(p, analysis, stream); break;
+    case Elem::kFloat: launch_t<float>(p, analysis, stream); break;
+    case Elem::kHalf: launch_t<__half>(p, analysis, stream); break;
+    case Elem::kBFloat16: launch_t<__nv_bfloat16>(p, analysis, stream); break;
   }
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t eq_group_dft_t_analysis(const GroupDftTParams& p, TElem elem, cudaStream_t stream) {
+cudaError_t eq_group_dft_t_analysis(const GroupDftTParams& p, Elem elem, cudaStream_t stream) {
   return run(p, elem, true, stream);
 }
 
-cudaError_t eq_group_dft_t_synthesis(const GroupDftTParams& p, TElem elem, cudaStream_t stream) {
+cudaError_t eq_group_dft_t_synthesis(const GroupDftTParams& p, Elem elem, cudaStream_t stream) {
   return run(p, elem, false, stream);
 }
 

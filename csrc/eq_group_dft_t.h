@@ -15,9 +15,9 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
-namespace flash_eqlinear {
+#include "eq_elem.h"
 
-enum class TElem { kFloat, kHalf, kBFloat16 };
+namespace flash_eqlinear {
 
 // The group sizes the kernels are built for.
 inline bool group_dft_t_supported(int T) { return T == 2 || T == 8; }
@@ -32,7 +32,7 @@ struct GroupDftTParams {
   float q[64];       // (T, T) row-major
 };
 
-cudaError_t eq_group_dft_t_analysis(const GroupDftTParams& p, TElem elem, cudaStream_t stream);
-cudaError_t eq_group_dft_t_synthesis(const GroupDftTParams& p, TElem elem, cudaStream_t stream);
+cudaError_t eq_group_dft_t_analysis(const GroupDftTParams& p, Elem elem, cudaStream_t stream);
+cudaError_t eq_group_dft_t_synthesis(const GroupDftTParams& p, Elem elem, cudaStream_t stream);
 
 }  // namespace flash_eqlinear

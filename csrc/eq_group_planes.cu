@@ -58,9 +58,9 @@ void launch(const GroupPlanesParams& p, cudaStream_t stream) {
 template <class Src>
 void launch_dst(const GroupPlanesParams& p, cudaStream_t stream) {
   switch (p.dst_elem) {
-    case GroupElem::kFloat: return launch<Src, float>(p, stream);
-    case GroupElem::kHalf: return launch<Src, __half>(p, stream);
-    case GroupElem::kBFloat16: return launch<Src, __nv_bfloat16>(p, stream);
+    case Elem::kFloat: return launch<Src, float>(p, stream);
+    case Elem::kHalf: return launch<Src, __half>(p, stream);
+    case Elem::kBFloat16: return launch<Src, __nv_bfloat16>(p, stream);
   }
 }
 
@@ -72,9 +72,9 @@ cudaError_t eq_group_planes(const GroupPlanesParams& p, cudaStream_t stream) {
   if ((p.n + kThreads - 1) / kThreads > int64_t(0x7fffffff)) return cudaErrorInvalidValue;
   if (p.n == 0) return cudaSuccess;
   switch (p.src_elem) {
-    case GroupElem::kFloat: launch_dst<float>(p, stream); break;
-    case GroupElem::kHalf: launch_dst<__half>(p, stream); break;
-    case GroupElem::kBFloat16: launch_dst<__nv_bfloat16>(p, stream); break;
+    case Elem::kFloat: launch_dst<float>(p, stream); break;
+    case Elem::kHalf: launch_dst<__half>(p, stream); break;
+    case Elem::kBFloat16: launch_dst<__nv_bfloat16>(p, stream); break;
   }
   return cudaGetLastError();
 }

@@ -8,15 +8,15 @@
 //   adjoint  (adjoint = true):  src (T, n) (the planes' gradient) -> dst (n, T):
 //                               dst[i][t] = sum_k basis[k][t] * src[k][i]
 // basis (T, T) FP32, row-major; FP32 arithmetic, one rounding per stored value. src and dst each float,
-// __half or __nv_bfloat16 (GroupElem), independently.
+// __half or __nv_bfloat16 (Elem), independently.
 #pragma once
 
 #include <cstdint>
 #include <cuda_runtime.h>
 
-namespace flash_eqlinear {
+#include "eq_elem.h"
 
-enum class GroupElem { kFloat, kHalf, kBFloat16 };
+namespace flash_eqlinear {
 
 // The largest group size the kernel takes (its per-thread arrays); larger T: the stock-op form.
 constexpr int kGroupPlanesMaxT = 16;
@@ -28,7 +28,7 @@ struct GroupPlanesParams {
   int64_t n;           // group-weight rows d * c (>= 0)
   int T;               // 1 .. kGroupPlanesMaxT
   bool adjoint;
-  GroupElem src_elem, dst_elem;
+  Elem src_elem, dst_elem;
 };
 
 // One launch on `stream`; cudaErrorInvalidValue for bad sizes.

@@ -30,8 +30,17 @@ using OptDtype = std::optional<at::ScalarType>;
 // (Messages from strings only: eq_host_common.h says why.)
 std::string dtype_name(at::ScalarType t) { return std::string(c10::toString(t)); }
 
-// The weight's (d, c, T), checked against the basis.
-std::tuple<int64_t, int64_t, int64_t> check_group_planes(const at::Tensor& w, const at::Tensor& basis) {
+void check_dtype(const char* op, at::ScalarType dtype) {
+  TORCH_CHECK_TYPE(at::isFloatingType(dtype), op, ": dtype must be a floating-point type, got ", dtype_name(dtype));
+}
+
+struct PlanesArgs {
+  int64_t d, c, T;
+  at::ScalarType out;  // the planes' dtype
+};
+
+// group_planes' arguments checked: the weight's (d, c, T) against the basis, and the planes' dtype.
+PlanesArgs check_group_planes(const at::Tensor& w, const at::Tensor& basis, OptDtype dtype) {
   TORCH_CHECK_VALUE(basis.dim() == 2 && basis.size(0) == basis.size(1) && basis.size(0) >= 1,
                     "group_planes: basis must be a square (T, T) matrix, got ", shape(basis.sizes()));
   const int64_t T = basis.size(0);
@@ -43,21 +52,15 @@ std::tuple<int64_t, int64_t, int64_t> check_group_planes(const at::Tensor& w, co
                    " and ", dtype_name(basis.scalar_type()));
   TORCH_CHECK(w.device() == basis.device(), "group_planes: weight is on ", w.device().str(), " but basis on ",
               basis.device().str());
-  return {w.size(0), w.size(-2), T};
-}
-
-void check_dtype(const char* op, at::ScalarType dtype) {
-  TORCH_CHECK_TYPE(at::isFloatingType(dtype), op, ": dtype must be a floating-point type, got ", dtype_name(dtype));
+  const at::ScalarType out = dtype.value_or(w.scalar_type());
+  check_dtype("group_planes", out);
+  return {w.size(0), w.size(-2), T, out};
 }
 
 // Whether the kernel takes this call (else stock ops).
 bool kernel_takes(const at::Tensor& t, at::ScalarType out, const at::Tensor& basis) {
   return t.is_cuda() && kernel_dtype(t.scalar_type()) && kernel_dtype(out) && basis.scalar_type() == at::kFloat &&
          basis.size(0) <= kGroupPlanesMaxT;
-}
-
-GroupElem group_elem(at::ScalarType t) {
-  return t == at::kFloat ? GroupElem::kFloat : t == at::kHalf ? GroupElem::kHalf : GroupElem::kBFloat16;
 }
 
 // One launch: src (n, T) -> dst (T, n), or the adjoint (T, n) -> (n, T).
@@ -71,8 +74,8 @@ void launch(const at::Tensor& src, const at::Tensor& dst, const at::Tensor& basi
   p.T = static_cast<int>(basis.size(0));
   p.n = src.numel() / p.T;
   p.adjoint = adjoint;
-  p.src_elem = group_elem(src.scalar_type());
-  p.dst_elem = group_elem(dst.scalar_type());
+  p.src_elem = elem_of(src.scalar_type());
+  p.dst_elem = elem_of(dst.scalar_type());
   const cudaError_t err = eq_group_planes(p, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
 }
@@ -91,12 +94,13 @@ at::Tensor adjoint_stock(const at::Tensor& g, const at::Tensor& basis, at::Scala
   return at::mm(g.reshape({T, -1}).to(basis.scalar_type()).t(), basis).view({g.size(1), g.size(2), T}).to(dtype);
 }
 
-void check_adjoint(const at::Tensor& g, const at::Tensor& basis) {
+void check_adjoint(const at::Tensor& g, const at::Tensor& basis, at::ScalarType dtype) {
   TORCH_CHECK_VALUE(basis.dim() == 2 && basis.size(0) == basis.size(1) && g.dim() == 3 && g.size(0) == basis.size(0),
                     "group_planes_adjoint: want grad_planes (T, d, c) and basis (T, T), got ", shape(g.sizes()),
                     " and ", shape(basis.sizes()));
   TORCH_CHECK(g.device() == basis.device(), "group_planes_adjoint: grad_planes is on ", g.device().str(),
               " but basis on ", basis.device().str());
+  check_dtype("group_planes_adjoint", dtype);
 }
 
 struct PlanesOps {
@@ -146,16 +150,11 @@ class GroupPlanesFunction : public torch::autograd::Function<GroupPlanesFunction
 }  // namespace
 
 at::Tensor group_planes(const at::Tensor& w, const at::Tensor& basis, OptDtype dtype) {
-  check_group_planes(w, basis);
-  const at::ScalarType out = dtype.value_or(w.scalar_type());
-  check_dtype("group_planes", out);
-  return planes_stock(w, basis, out);
+  return planes_stock(w, basis, check_group_planes(w, basis, dtype).out);
 }
 
 at::Tensor group_planes_cuda(const at::Tensor& w, const at::Tensor& basis, OptDtype dtype) {
-  const auto [d, c, T] = check_group_planes(w, basis);
-  const at::ScalarType out = dtype.value_or(w.scalar_type());
-  check_dtype("group_planes", out);
+  const auto [d, c, T, out] = check_group_planes(w, basis, dtype);
   if (!kernel_takes(w, out, basis)) return planes_stock(w, basis, out);
   at::Tensor planes = at::empty({T, d, c}, w.options().dtype(out));
   launch(w.contiguous(), planes, basis, false, "group_planes");
@@ -163,7 +162,7 @@ at::Tensor group_planes_cuda(const at::Tensor& w, const at::Tensor& basis, OptDt
 }
 
 at::Tensor group_planes_autograd(const at::Tensor& w, const at::Tensor& basis, OptDtype dtype) {
-  check_group_planes(w, basis);
+  check_group_planes(w, basis, dtype);
   if (!(at::GradMode::is_enabled() && w.requires_grad())) {
     const at::AutoDispatchBelowADInplaceOrView below;
     return planes_ops().planes.call(w, basis, dtype);
@@ -172,14 +171,12 @@ at::Tensor group_planes_autograd(const at::Tensor& w, const at::Tensor& basis, O
 }
 
 at::Tensor group_planes_adjoint(const at::Tensor& g, const at::Tensor& basis, at::ScalarType dtype) {
-  check_adjoint(g, basis);
-  check_dtype("group_planes_adjoint", dtype);
+  check_adjoint(g, basis, dtype);
   return adjoint_stock(g, basis, dtype);
 }
 
 at::Tensor group_planes_adjoint_cuda(const at::Tensor& g, const at::Tensor& basis, at::ScalarType dtype) {
-  check_adjoint(g, basis);
-  check_dtype("group_planes_adjoint", dtype);
+  check_adjoint(g, basis, dtype);
   if (!kernel_takes(g, dtype, basis)) return adjoint_stock(g, basis, dtype);
   at::Tensor gw = at::empty({g.size(1), g.size(2), g.size(0)}, g.options().dtype(dtype));
   launch(g.contiguous(), gw, basis, true, "group_planes_adjoint");

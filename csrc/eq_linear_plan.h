@@ -9,11 +9,10 @@
 #include <cstdint>
 #include <string>
 
+#include "eq_elem.h"
 #include "eq_linear_fwd.h"
 
 namespace flash_eqlinear {
-
-enum class Elem { kFloat, kHalf, kBFloat16 };
 
 // The forward's kernel for x (M, 4c) -> y (M, 4d) (also grad_x's: the forward on the adjoint planes).
 enum class FwdPath {

@@ -45,10 +45,6 @@ std::vector<double> dft_basis(int T) {
   return q;
 }
 
-TElem t_elem(at::ScalarType t) {
-  return t == at::kFloat ? TElem::kFloat : t == at::kHalf ? TElem::kHalf : TElem::kBFloat16;
-}
-
 // The checks of x (M, T c), planes (T, d, c) and bias (d,) (undefined: none); `op` names the op.
 void check_fwd_t_args(const at::Tensor& x, const at::Tensor& planes, const at::Tensor& b, const char* op) {
   TORCH_CHECK(x.is_cuda() && planes.is_cuda(), op, ": x and planes must be CUDA tensors, got ", x.device().str(),
@@ -86,7 +82,7 @@ at::Tensor analysis(const at::Tensor& t, int T, const std::vector<double>& Q, cu
     const double s = real_plane(j, T) ? std::sqrt(double(T)) : std::sqrt(T / 2.0);
     for (int u = 0; u < T; ++u) p.q[j * T + u] = static_cast<float>(s * Q[size_t(j) * T + u] / T);
   }
-  const cudaError_t err = eq_group_dft_t_analysis(p, t_elem(t.scalar_type()), stream);
+  const cudaError_t err = eq_group_dft_t_analysis(p, elem_of(t.scalar_type()), stream);
   TORCH_CHECK(err == cudaSuccess, "eq_linear_t: group DFT failed: ", cudaGetErrorString(err));
   return f;
 }
@@ -121,7 +117,7 @@ at::Tensor forward_t(const at::Tensor& x, const at::Tensor& planes, const at::Te
   at::Tensor y = at::empty({M, T * d}, x.options());
   GroupDftTParams sp{a.data_ptr<float>(), y.data_ptr(), b.defined() ? b.data_ptr() : nullptr, M, d, T * d, T, {}};
   for (int i = 0; i < T * T; ++i) sp.q[i] = static_cast<float>(Q[size_t(i)]);
-  const cudaError_t err = eq_group_dft_t_synthesis(sp, t_elem(x.scalar_type()), stream);
+  const cudaError_t err = eq_group_dft_t_synthesis(sp, elem_of(x.scalar_type()), stream);
   TORCH_CHECK(err == cudaSuccess, "eq_linear_t: inverse group DFT failed: ", cudaGetErrorString(err));
   return y;
 }

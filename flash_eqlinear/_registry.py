@@ -89,10 +89,8 @@ def _backward_t(ctx, grad_y):
     needs_x, needs_p = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     needs_b = ctx.has_bias and ctx.needs_input_grad[2]
     if torch.is_grad_enabled():
-        adj = reference.adjoint_planes(planes).contiguous()
-        gx = torch.ops.flash_eqlinear.eq_linear_fwd_t(grad_y.contiguous(), adj, None) if needs_x else None
-        _, gp, gb = reference.fourier_eq_linear_backward(grad_y, x, planes, (False, needs_p, needs_b))
-        return gx, gp, gb
+        fwd = torch.ops.flash_eqlinear.eq_linear_fwd_t
+        return _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b, fwd)
     gx, gp, gb = torch.ops.flash_eqlinear.eq_linear_bwd_t(grad_y, x, planes, needs_x, needs_p, needs_b)
     return gx if needs_x else None, gp if needs_p else None, gb if needs_b else None
 
@@ -157,15 +155,15 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, planes)
 
 
-def _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b):
+def _differentiable_grads(grad_y, x, planes, needs_x, needs_p, needs_b, fwd=None):
     """create_graph=True (double backward, gradient penalties, Hessian-vector products): gradients
-    that are themselves differentiable. grad_x through the forward op on the adjoint planes (its
-    own backward is registered), the weight gradients by stock ops in x's dtype, returned in the
-    planes' dtype."""
+    that are themselves differentiable. grad_x through the forward op ``fwd`` (default eq_linear_fwd;
+    eq_linear_fwd_t for group sizes 2 and 8) on the adjoint planes (its own backward is registered), the
+    weight gradients by stock ops in x's dtype, returned in the planes' dtype."""
     gx = None
     if needs_x:
         adj = reference.adjoint_planes(planes).contiguous()
-        gx = torch.ops.flash_eqlinear.eq_linear_fwd(grad_y.contiguous(), adj, None)
+        gx = (fwd or torch.ops.flash_eqlinear.eq_linear_fwd)(grad_y.contiguous(), adj, None)
     _, gp, gb = reference.fourier_eq_linear_backward(
         grad_y.to(x.dtype), x, planes.to(x.dtype), (False, needs_p, needs_b)
     )

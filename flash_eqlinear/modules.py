@@ -488,16 +488,20 @@ def convert_layer_entries(state_dict, prefix: str, local_metadata, layout="plane
         if layout == "planes":  # where the entries came from (exported back by naive_state_dict)
             local_metadata[SOURCE_KEY] = _source(lay.name, lay.weight, w4.dim(), lay.bias or "bias", b)
         return True
-    if not layer_entries_convertible(state_dict, prefix, local_metadata, layout):
+    if not _in_other_layout(state_dict, prefix, local_metadata, layout):
         return False
     state_dict[prefix + "weight"] = _to_layout(state_dict[prefix + "weight"], layout, dtype)
     local_metadata[LAYOUT_KEY] = layout
     return True
 
 
-def layer_entries_convertible(state_dict, prefix: str, local_metadata, layout="planes") -> bool:
-    """Whether :func:`convert_layer_entries` would change the entries under ``prefix`` (nothing converted)."""
-    if _naive_entries(state_dict, prefix, local_metadata) is not None:
-        return True
+def _in_other_layout(state_dict, prefix: str, local_metadata, layout: str) -> bool:
+    """Whether our layer's ``weight`` under ``prefix`` is recorded in the layout other than ``layout``."""
     stored = (local_metadata or {}).get(LAYOUT_KEY)
     return stored in ("planes", "group") and stored != layout and prefix + "weight" in state_dict
+
+
+def layer_entries_convertible(state_dict, prefix: str, local_metadata, layout="planes") -> bool:
+    """Whether :func:`convert_layer_entries` would change the entries under ``prefix`` (nothing converted)."""
+    found = _naive_entries(state_dict, prefix, local_metadata) is not None
+    return found or _in_other_layout(state_dict, prefix, local_metadata, layout)
